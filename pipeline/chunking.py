@@ -1,0 +1,196 @@
+"""Cutting documents into chunks that fit the encoder, on token indices.
+
+Each document is tokenized once (fast tokenizer, offsets kept). Chunk boundaries are
+chosen on token indices, coarsest structure first: paragraphs (blank lines), then
+sentences, then fixed token windows for a single sentence longer than the budget.
+Consecutive pieces are packed greedily into chunks of at most `budget` content
+tokens (the special tokens are added on top and counted in `max_tokens`).
+
+Character spans tile the document: chunk k's own text is `text[end_{k-1}:end_k]`, so
+concatenating them gives the text back exactly. With overlap, chunk k also starts with
+the `overlap` tokens before its own first token and its `start` moves back to cover them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .spec import ChunkingSpec
+
+PARAGRAPH_BREAK = re.compile(r"\n[^\S\n]*(?:\r?\n[^\S\n]*)+")  # a blank line, any line endings
+SENTENCE_BREAK = re.compile(r"(?<=[.!?…])[\"'”’)\]]*\s+|(?<=[。！？])")
+
+STATUS_OK = "ok"
+STATUS_EMPTY = "empty"
+
+
+@dataclass(frozen=True)
+class Specials:
+    """Token ids wrapped around every chunk, e.g. [CLS] ... [SEP] for BERT."""
+
+    prefix: tuple[int, ...]
+    suffix: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.prefix) + len(self.suffix)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> Specials:
+        plain = tokenizer.encode("a", add_special_tokens=False)
+        wrapped = tokenizer.encode("a", add_special_tokens=True)
+        for i in range(len(wrapped) - len(plain) + 1):
+            if wrapped[i : i + len(plain)] == plain:
+                return cls(tuple(wrapped[:i]), tuple(wrapped[i + len(plain) :]))
+        raise ValueError("cannot locate content tokens among the special tokens")
+
+
+@dataclass
+class ChunkedPartition:
+    """Documents of one partition cut into chunks (columns, chunk order = doc order)."""
+
+    n_tokens: np.ndarray  # (N,) content tokens of the whole text
+    n_chunks: np.ndarray  # (N,)
+    truncated: np.ndarray  # (N,) bool
+    status: list[str]  # (N,)
+    chunk_doc: np.ndarray  # (M,) local document index
+    chunk_seq: np.ndarray  # (M,)
+    chunk_start: np.ndarray  # (M,) character offsets, [start, end)
+    chunk_end: np.ndarray  # (M,)
+    chunk_ids: list[list[int]] = field(repr=False)  # (M,) token ids incl. special tokens
+
+    @property
+    def chunk_n_tokens(self) -> np.ndarray:
+        return np.fromiter((len(ids) for ids in self.chunk_ids), np.int64, len(self.chunk_ids))
+
+
+@dataclass(frozen=True)
+class Span:
+    """One chunk of one document: token range [tok_start, tok_end) and character span."""
+
+    tok_start: int  # first token, overlap included
+    tok_end: int
+    start: int
+    end: int
+
+
+def content_budget(spec: ChunkingSpec, model_max_tokens: int, max_positions: int,
+                   specials: Specials) -> int:
+    """Content tokens per chunk: the chunk limit minus the special tokens."""
+    limit = min(spec.max_tokens or model_max_tokens, model_max_tokens, max_positions)
+    budget = limit - specials.count
+    if budget <= spec.overlap:
+        raise ValueError(f"chunk budget {budget} must exceed overlap {spec.overlap}")
+    return budget
+
+
+def chunk_partition(texts: Sequence[str | None], tokenizer: Any, spec: ChunkingSpec,
+                    budget: int, specials: Specials) -> ChunkedPartition:
+    """Tokenize every text once and cut it into chunks according to `spec.strategy`."""
+    present = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
+    encodings = tokenizer([texts[i] for i in present], add_special_tokens=False,
+                          return_offsets_mapping=True, return_attention_mask=False,
+                          return_token_type_ids=False) if present else {"input_ids": [],
+                                                                         "offset_mapping": []}
+    n = len(texts)
+    n_tokens = np.zeros(n, np.int64)
+    n_chunks = np.zeros(n, np.int64)
+    truncated = np.zeros(n, bool)
+    status = [STATUS_EMPTY] * n
+    docs, seqs, starts, ends, ids_out = [], [], [], [], []
+    for i, ids, offsets in zip(present, encodings["input_ids"], encodings["offset_mapping"],
+                               strict=True):
+        if not ids:  # only characters the tokenizer drops: nothing to encode
+            continue
+        text = texts[i]
+        assert text is not None
+        spans = _spans_for(text, offsets, spec, budget)
+        status[i] = STATUS_OK
+        n_tokens[i] = len(ids)
+        n_chunks[i] = len(spans)
+        truncated[i] = spans[-1].tok_end < len(ids)
+        for seq, s in enumerate(spans):
+            docs.append(i)
+            seqs.append(seq)
+            starts.append(s.start)
+            ends.append(s.end)
+            ids_out.append([*specials.prefix, *ids[s.tok_start : s.tok_end], *specials.suffix])
+    return ChunkedPartition(
+        n_tokens=n_tokens, n_chunks=n_chunks, truncated=truncated, status=status,
+        chunk_doc=np.asarray(docs, np.int64), chunk_seq=np.asarray(seqs, np.int64),
+        chunk_start=np.asarray(starts, np.int64), chunk_end=np.asarray(ends, np.int64),
+        chunk_ids=ids_out,
+    )
+
+
+def _spans_for(text: str, offsets: Sequence[tuple[int, int]], spec: ChunkingSpec,
+               budget: int) -> list[Span]:
+    if spec.strategy == "truncate":
+        return [truncate_span(text, offsets, budget)]
+    return hierarchical_spans(text, offsets, budget, spec.overlap)
+
+
+def truncate_span(text: str, offsets: Sequence[tuple[int, int]], budget: int) -> Span:
+    """The first `budget` tokens; the span ends where the first dropped token starts."""
+    n = len(offsets)
+    if n <= budget:
+        return Span(0, n, 0, len(text))
+    return Span(0, budget, 0, offsets[budget][0])
+
+
+def hierarchical_spans(text: str, offsets: Sequence[tuple[int, int]], budget: int,
+                       overlap: int = 0) -> list[Span]:
+    """Chunks along paragraphs, then sentences, then token windows, packed greedily."""
+    n = len(offsets)
+    step = budget - overlap  # own tokens per chunk; overlap tokens are prepended
+    token_starts = [o[0] for o in offsets]
+    paragraphs = _token_breaks(PARAGRAPH_BREAK, text, token_starts, 0, len(text))
+    pieces: list[tuple[int, int]] = []
+    for p0, p1 in _ranges(paragraphs, n):
+        if p1 - p0 <= step:
+            pieces.append((p0, p1))
+            continue
+        char0, char1 = offsets[p0][0], offsets[p1 - 1][1]
+        sentences = _token_breaks(SENTENCE_BREAK, text, token_starts, char0, char1)
+        for s0, s1 in _ranges([b for b in sentences if p0 < b < p1], p1, p0):
+            pieces.extend((w, min(w + step, s1)) for w in range(s0, s1, step))
+    own = _pack(pieces, step)
+    spans = []
+    for k, (t0, t1) in enumerate(own):
+        start_tok = max(0, t0 - overlap) if k else 0
+        char_start = 0 if start_tok == 0 else offsets[start_tok][0]
+        char_end = len(text) if k == len(own) - 1 else offsets[own[k + 1][0]][0]
+        spans.append(Span(start_tok, t1, char_start, char_end))
+    return spans
+
+
+def _token_breaks(pattern: re.Pattern[str], text: str, token_starts: Sequence[int],
+                  char0: int, char1: int) -> list[int]:
+    """Token indices where a new piece begins, from pattern matches in text[char0:char1]."""
+    breaks = []
+    for m in pattern.finditer(text, char0, char1):
+        breaks.append(bisect.bisect_left(token_starts, m.end()))
+    return breaks
+
+
+def _ranges(breaks: Sequence[int], end: int, begin: int = 0) -> list[tuple[int, int]]:
+    """Consecutive non-empty token ranges split at `breaks` within [begin, end)."""
+    bounds = [begin, *sorted(b for b in set(breaks) if begin < b < end), end]
+    return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
+def _pack(pieces: Sequence[tuple[int, int]], step: int) -> list[tuple[int, int]]:
+    """Greedily merge consecutive token ranges into ranges of at most `step` tokens."""
+    chunks: list[tuple[int, int]] = []
+    for a, b in pieces:
+        if chunks and b - chunks[-1][0] <= step:
+            chunks[-1] = (chunks[-1][0], b)
+        else:
+            chunks.append((a, b))
+    return chunks

@@ -1,0 +1,187 @@
+"""The encoding loop: token ids in, one float32 matrix per view out.
+
+One forward pass per batch serves every view. Hidden states are requested only when a
+view needs a layer other than the last one run; the [CLS] attention row for attention
+pooling is recomputed from the last block's input for query position 0 only, so the
+model keeps its fast (SDPA) attention kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from .batching import plan_batches
+from .errors import ModelError
+from .model import LoadedModel
+from .spec import BatchingSpec
+from .views import ForwardNeeds, PoolContext, ResolvedView
+
+AGGREGATES = ("mean", "mean_unweighted", "max", "first")
+
+
+class Encoder:
+    def __init__(self, model: LoadedModel, views: Sequence[ResolvedView], needs: ForwardNeeds):
+        self.model = model
+        self.views = list(views)
+        self.needs = needs
+        self.pad_id = int(model.tokenizer.pad_token_id or 0)
+        self._cls_attention: _ClsAttention | None = None
+        if needs.cls_attention:
+            self._cls_attention = _ClsAttention(model)
+
+    def encode(self, sequences: Sequence[Sequence[int]], batching: BatchingSpec
+               ) -> dict[str, np.ndarray]:
+        """Vectors for every sequence (ids incl. special tokens), in input order."""
+        out = {v.name: np.empty((len(sequences), v.width), np.float32) for v in self.views}
+        lengths = [len(s) for s in sequences]
+        for idx in plan_batches(lengths, batching.max_tokens_per_batch, batching.max_batch_size):
+            vectors = self.encode_batch([sequences[i] for i in idx])
+            for name, arr in vectors.items():
+                out[name][idx] = arr
+        return out
+
+    def encode_batch(self, sequences: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:
+        ids, mask = self._pad(sequences)  # (B, T)
+        with torch.inference_mode():
+            with self._autocast(), self._capture_attention() as capture:
+                outputs = self.model.module(
+                    input_ids=ids, attention_mask=mask,
+                    output_hidden_states=self.needs.hidden_states, return_dict=True,
+                )
+            states = self._states(outputs)  # {layer: (B, T, H) float32}
+            bool_mask = mask.bool()
+            ctx = PoolContext(
+                cls_attention=capture(bool_mask) if capture else None,
+                pooler=self.model.module.pooler if self.needs.pooler else None,
+            )
+            return {v.name: v.compute(states, bool_mask, ctx).float().cpu().numpy()
+                    for v in self.views}
+
+    def _pad(self, sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        longest = max(len(s) for s in sequences)
+        ids = torch.full((len(sequences), longest), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(sequences), longest), dtype=torch.long)
+        for row, seq in enumerate(sequences):
+            ids[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+            mask[row, : len(seq)] = 1
+        return ids.to(self.model.device), mask.to(self.model.device)
+
+    def _states(self, outputs: Any) -> dict[int, torch.Tensor]:
+        # Pool in float32 whatever the compute dtype: sums over hundreds of tokens in
+        # bf16 would lose more precision than the matmuls did.
+        if self.needs.hidden_states:
+            hs = outputs.hidden_states
+            return {i: hs[i].float() for i in self.needs.layers}
+        return {self.needs.blocks_to_run: outputs.last_hidden_state.float()}
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        dtype = self.model.compute_dtype
+        if dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.model.device.type, dtype=dtype)
+
+    @contextlib.contextmanager
+    def _capture_attention(self) -> Iterator[Any]:
+        if self._cls_attention is None:
+            yield None
+            return
+        with self._cls_attention.hooked() as capture:
+            yield capture
+
+
+class _ClsAttention:
+    """Recomputes the last block's [CLS] attention row, averaged over heads.
+
+    softmax(q_0 · K^T / sqrt(d_head) + padding mask) for query position 0 only: O(T·H)
+    extra work instead of switching the model to eager attention for (B, heads, T, T).
+    """
+
+    def __init__(self, model: LoadedModel):
+        layer = model.encoder_layers()[-1]
+        self.attn, self.q, self.k = _find_query_key(layer)
+        config = model.module.config
+        self.n_heads = int(config.num_attention_heads)
+        self._hidden: torch.Tensor | None = None
+
+    @contextlib.contextmanager
+    def hooked(self) -> Iterator[Any]:
+        def grab(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            self._hidden = args[0] if args else next(iter(kwargs.values()))
+
+        handle = self.attn.register_forward_pre_hook(grab, with_kwargs=True)
+        self._hidden = None
+        try:
+            yield self._weights
+        finally:
+            handle.remove()
+
+    def _weights(self, mask: torch.Tensor) -> torch.Tensor:
+        """(B, T) attention of position 0 over the non-padding tokens (mask: B, T bool)."""
+        h = self._hidden
+        if h is None:
+            raise RuntimeError("the last attention block did not run")
+        h = h.float()
+        b, t, hidden = h.shape
+        d_head = hidden // self.n_heads
+        q0 = torch.nn.functional.linear(h[:, 0], self.q.weight.float(), _f(self.q.bias))
+        keys = torch.nn.functional.linear(h, self.k.weight.float(), _f(self.k.bias))
+        q0 = q0.view(b, self.n_heads, d_head)  # (B, nh, dh)
+        keys = keys.view(b, t, self.n_heads, d_head)  # (B, T, nh, dh)
+        scores = torch.einsum("bnd,btnd->bnt", q0, keys) / math.sqrt(d_head)
+        scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
+        return torch.softmax(scores, dim=-1).mean(1)  # (B, T)
+
+
+def _f(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.float()
+
+
+def _find_query_key(layer: torch.nn.Module) -> tuple[torch.nn.Module, Any, Any]:
+    for module in layer.modules():
+        for q, k in (("query", "key"), ("q_lin", "k_lin"), ("q_proj", "k_proj")):
+            if isinstance(getattr(module, q, None), torch.nn.Linear) and isinstance(
+                    getattr(module, k, None), torch.nn.Linear):
+                return module, getattr(module, q), getattr(module, k)
+    raise ModelError(f"pooling attention: cannot find query/key projections in "
+                     f"{type(layer).__name__}")
+
+
+def aggregate_chunks(vectors: np.ndarray, chunk_doc: np.ndarray, chunk_tokens: np.ndarray,
+                     n_docs: int, method: str) -> np.ndarray:
+    """Document vectors from chunk vectors (float64 accumulation); NaN for docs without chunks.
+
+    mean             Σ_c n_c v_c / Σ_c n_c     (n_c = chunk tokens incl. special tokens)
+    mean_unweighted  (1/C) Σ_c v_c
+    max              max_c v_c per dimension
+    first            v_0
+    """
+    width = vectors.shape[1]
+    out = np.full((n_docs, width), np.nan, dtype=np.float64)
+    if len(chunk_doc) == 0:
+        return out.astype(np.float32)
+    v = vectors.astype(np.float64)
+    if method in ("mean", "mean_unweighted"):
+        w = chunk_tokens.astype(np.float64) if method == "mean" else np.ones(len(chunk_doc))
+        sums = np.zeros((n_docs, width))
+        np.add.at(sums, chunk_doc, v * w[:, None])
+        totals = np.bincount(chunk_doc, weights=w, minlength=n_docs)
+        has = totals > 0
+        out[has] = sums[has] / totals[has, None]
+    elif method == "max":
+        acc = np.full((n_docs, width), -np.inf)
+        np.maximum.at(acc, chunk_doc, v)
+        has = np.isfinite(acc[:, 0])
+        out[has] = acc[has]
+    elif method == "first":
+        # chunks are stored in document order, so a document's first row is its seq 0
+        docs, first = np.unique(chunk_doc, return_index=True)
+        out[docs] = v[first]
+    else:
+        raise ValueError(f"chunking.aggregate: unknown {method!r}; valid: {', '.join(AGGREGATES)}")
+    return out.astype(np.float32)

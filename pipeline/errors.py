@@ -1,0 +1,40 @@
+"""Domain errors. The CLI turns these into one-line messages and exit codes;
+nothing below the CLI prints or exits."""
+
+from __future__ import annotations
+
+
+class BertpipeError(Exception):
+    """Base class: a user-facing problem with a one-line explanation."""
+
+    exit_code = 1
+
+
+class JobError(BertpipeError):
+    """The job file is malformed or inconsistent; the message names the key."""
+
+    exit_code = 2
+
+
+class InputError(BertpipeError):
+    """The input table is unusable; the message names the file, column or row."""
+
+    exit_code = 3
+
+
+class ModelError(BertpipeError):
+    """The model cannot be loaded or cannot provide what a view asks for."""
+
+    exit_code = 4
+
+
+class StoreError(BertpipeError):
+    """The output store is missing, incomplete, or belongs to a different job."""
+
+    exit_code = 5
+
+
+class PartitionError(BertpipeError):
+    """One or more partitions failed; the others were written and kept."""
+
+    exit_code = 6

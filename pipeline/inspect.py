@@ -1,0 +1,66 @@
+"""`bertpipe inspect`: a plain-text summary of a store."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .load import Store
+
+
+def describe(store: Store) -> str:
+    docs = store.docs
+    prov = store.provenance
+    n = int(docs.sizes.get("doc", 0))
+    status = np.asarray(docs["status"].values)
+    truncated = np.asarray(docs["truncated"].values, dtype=bool)
+    n_tokens = np.asarray(docs["n_tokens"].values)
+    lines = [
+        f"store      {store.path} ({store.format}, format version {prov.get('format_version')})",
+        f"rows       {n}",
+        f"coverage   {int((status == 'ok').sum())} ok, {int((status != 'ok').sum())} empty, "
+        f"{int(truncated.sum())} truncated; {int(n_tokens.sum())} tokens in documents",
+        "views",
+    ]
+    for name in store.views:
+        var = docs[name]
+        spec = prov["job"]["views"][name]
+        lines.append(f"  {name:<12} width {var.shape[1]:<5} {_view_text(spec)}")
+    lines.extend(_chunk_lines(store))
+    model = prov.get("model", {})
+    versions = prov.get("versions", {})
+    lines += [
+        f"model      {model.get('path')} ({model.get('config', {}).get('model_type', '?')})",
+        f"weights    " + ", ".join(f"{k} sha256:{v[:12]}" for k, v in
+                                   model.get("weights_sha256", {}).items()),
+        f"ran on     {', '.join(prov.get('device', []))} "
+        f"({', '.join(prov.get('dtype', []))}), {prov.get('created')}",
+        "versions   " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+    ]
+    return "\n".join(lines)
+
+
+def _view_text(spec: dict) -> str:  # type: ignore[type-arg]
+    layers = spec.get("layers")
+    text = f"pooling {spec['pooling']}, layers {layers}"
+    if spec.get("combine", "none") != "none":
+        text += f", combine {spec['combine']}"
+    if spec.get("normalize"):
+        text += ", normalized"
+    return text
+
+
+def _chunk_lines(store: Store) -> list[str]:
+    n_chunks = np.asarray(store.docs["n_chunks"].values)
+    ok = n_chunks > 0
+    if not ok.any():
+        return ["chunks     none"]
+    per_doc = n_chunks[ok]
+    line = (f"chunks     {int(n_chunks.sum())} in all; per document min {int(per_doc.min())}, "
+            f"median {float(np.median(per_doc)):g}, max {int(per_doc.max())}; "
+            f"{100 * float((per_doc > 1).mean()):.1f}% of documents chunked")
+    lines = [line]
+    if store.chunks is not None:
+        chunk_tokens = int(np.asarray(store.chunks["n_tokens"].values).sum())
+        lines.append(f"           {chunk_tokens} tokens encoded (special tokens and overlap "
+                     "included)")
+    return lines

@@ -1,0 +1,208 @@
+"""Loading an encoder: offline only, safetensors unless allowed, device and dtype chosen once.
+
+`LoadedModel` is what a worker keeps in memory for the whole job: the tokenizer, the
+torch module (cut down to the layers the views need), and the facts the rest of the
+pipeline asks about (layer count, special tokens, pooler availability).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import ModelError
+from .fileutil import sha256_file
+from .spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+# Model families whose checkpoints ship a pooler that was never trained (no NSP task).
+UNTRAINED_POOLER_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "longformer"})
+
+
+@dataclass
+class LoadedModel:
+    tokenizer: Any
+    module: torch.nn.Module
+    model_type: str
+    n_layers: int  # transformer blocks; hidden_states has n_layers + 1 entries
+    n_layers_run: int  # blocks actually kept after cutting to what the views need
+    hidden_size: int
+    max_positions: int  # usable positions per sequence, special tokens included
+    device: torch.device
+    compute_dtype: torch.dtype  # float32, or the autocast dtype
+    has_pooler: bool
+
+    @property
+    def n_special(self) -> int:
+        return int(self.tokenizer.num_special_tokens_to_add(pair=False))
+
+    def encoder_layers(self) -> torch.nn.ModuleList:
+        return encoder_layers(self.module)
+
+
+def encoder_layers(module: torch.nn.Module) -> torch.nn.ModuleList:
+    """The list of transformer blocks for the encoder families we support."""
+    for path in ("encoder.layer", "transformer.layer", "layers", "encoder.layers"):
+        node: Any = module
+        for attr in path.split("."):
+            node = getattr(node, attr, None)
+            if node is None:
+                break
+        if isinstance(node, torch.nn.ModuleList):
+            return node
+    raise ModelError(f"{type(module).__name__}: cannot find its transformer blocks")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ModelError("model.device: cuda requested but no CUDA device is available")
+    return torch.device(name)
+
+
+def cpu_has_bf16() -> bool:
+    """True where the CPU runs bf16 matmuls natively (AVX512-BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(f in flags for f in ("avx512_bf16", "amx_bf16"))
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "float32":
+        return torch.float32
+    if name == "bfloat16":
+        return torch.bfloat16
+    if name == "float16":
+        return torch.float16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_has_bf16() else torch.float32
+
+
+def load_config(spec: ModelSpec) -> Any:
+    """The model's config, from a local directory or the offline cache (never the network)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(spec.path, local_files_only=True,
+                                          trust_remote_code=spec.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"model.path: cannot load {spec.path!r} offline: {_first_line(exc)}"
+                         ) from None
+
+
+def load_model(
+    spec: ModelSpec, keep_layers: int | None = None, need_pooler: bool = False
+) -> LoadedModel:
+    """Load tokenizer and encoder from a local directory or the offline cache.
+
+    `keep_layers`: run only the first k transformer blocks (views need nothing above).
+    `need_pooler`: refuse a checkpoint whose pooler weights are absent, because
+    transformers would silently initialise a random one.
+    """
+    from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # why: a per-load bar in batch logs is noise
+
+    config = load_config(spec)
+    kwargs = dict(local_files_only=True, trust_remote_code=spec.trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"model.path: cannot load the tokenizer of {spec.path!r} offline: "
+                         f"{_first_line(exc)}") from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelError(f"model.path: {spec.path!r} has no fast tokenizer (tokenizer.json)")
+    device = resolve_device(spec.device)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            module, info = AutoModel.from_pretrained(
+                spec.path,
+                output_loading_info=True,
+                use_safetensors=None if spec.allow_pickle else True,
+                dtype=torch.float32,
+                **kwargs,
+            )
+    except (OSError, ValueError) as exc:
+        hint = "" if spec.allow_pickle else " (safetensors only unless model.allow_pickle: true)"
+        raise ModelError(f"model.path: cannot load weights of {spec.path!r}{hint}: "
+                         f"{_first_line(exc)}") from None
+    missing = {k for k in info.get("missing_keys", ()) if not k.startswith("pooler.")}
+    if missing:
+        raise ModelError(f"model.path: {spec.path!r} lacks weights for {sorted(missing)[:3]}")
+    model_type = str(config.model_type)
+    pooler_missing = any(k.startswith("pooler.") for k in info.get("missing_keys", ()))
+    has_pooler = getattr(module, "pooler", None) is not None and not pooler_missing
+    if need_pooler:
+        if not has_pooler:
+            raise ModelError(f"pooling pooler: model {spec.path!r} ({model_type}) has no "
+                             "trained pooler weights; use cls or mean instead")
+        if model_type in UNTRAINED_POOLER_TYPES:
+            log.warning("pooling pooler: %s checkpoints are trained without next-sentence "
+                        "prediction, so their pooler output is not a trained feature",
+                        model_type)
+    n_layers = int(config.num_hidden_layers)
+    if keep_layers is not None and keep_layers < n_layers:
+        blocks = encoder_layers(module)
+        del blocks[keep_layers:]  # why: views need nothing above block k, skip computing it
+    module.eval().to(device)
+    max_positions = _max_positions(config, tokenizer)
+    return LoadedModel(
+        tokenizer=tokenizer,
+        module=module,
+        model_type=model_type,
+        n_layers=n_layers,
+        n_layers_run=keep_layers if keep_layers is not None else n_layers,
+        hidden_size=int(config.hidden_size),
+        max_positions=max_positions,
+        device=device,
+        compute_dtype=resolve_dtype(spec.dtype, device),
+        has_pooler=has_pooler,
+    )
+
+
+def _max_positions(config: Any, tokenizer: Any) -> int:
+    limit = int(getattr(config, "max_position_embeddings", 512))
+    # RoBERTa reserves padding_idx + 1 positions at the start of its position table.
+    if getattr(config, "model_type", "") in UNTRAINED_POOLER_TYPES:
+        limit -= int(getattr(config, "pad_token_id", 1) or 0) + 1
+    tok_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_limit, int) and 0 < tok_limit < limit:
+        limit = tok_limit
+    return limit
+
+
+def model_fingerprint(path: str) -> dict[str, Any]:
+    """SHA-256 of each weight file plus the config: what the provenance records."""
+    root = Path(path)
+    if not root.is_dir():
+        root = _cached_snapshot(path)
+    weights = sorted(p for p in root.rglob("*")
+                     if p.suffix in (".safetensors", ".bin") and p.is_file())
+    digests = {str(p.relative_to(root)): sha256_file(p) for p in weights}
+    config_path = root / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    return {"path": path, "weights_sha256": digests, "config": config}
+
+
+def _cached_snapshot(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(repo_id, local_files_only=True))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

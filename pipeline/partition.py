@@ -1,0 +1,95 @@
+"""One partition, start to finish: read → chunk → encode → aggregate → tables.
+
+This is the unit a Dask worker runs. It is a pure function of (job, partition) plus the
+worker's loaded model, so a retried or resumed task writes the same bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import pyarrow as pa
+
+from .chunking import Specials, chunk_partition, content_budget
+from .encode import Encoder, aggregate_chunks
+from .model import LoadedModel, load_config, load_model
+from .source import Partition, read_partition
+from .spec import Job
+from .views import ForwardNeeds, ResolvedView, forward_needs, resolve_views
+
+DOC_FIELDS = ("n_tokens", "n_chunks", "truncated", "status")
+CHUNK_FIELDS = ("doc", "seq", "start", "end", "n_tokens")
+
+
+@dataclass
+class PartTables:
+    docs: pa.Table  # row, id, n_tokens, n_chunks, truncated, status, carry..., views...
+    chunks: pa.Table | None  # doc, seq, start, end, n_tokens, views... (None: not stored)
+
+    @property
+    def n_tokens(self) -> int:
+        return int(np.sum(self.docs.column("n_tokens").to_numpy()))
+
+
+class Extractor:
+    """The loaded model plus everything derived from the job once per worker."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        config = load_config(job.model)
+        n_layers = int(config.num_hidden_layers)
+        self.views: list[ResolvedView] = resolve_views(job.views, n_layers,
+                                                       int(config.hidden_size))
+        self.needs: ForwardNeeds = forward_needs(self.views, n_layers)
+        self.model: LoadedModel = load_model(job.model, keep_layers=self.needs.blocks_to_run,
+                                             need_pooler=self.needs.pooler)
+        self.encoder = Encoder(self.model, self.views, self.needs)
+        self.specials = Specials.from_tokenizer(self.model.tokenizer)
+        self.budget = content_budget(job.chunking, job.model.max_tokens,
+                                     self.model.max_positions, self.specials)
+
+    @cached_property
+    def widths(self) -> dict[str, int]:
+        return {v.name: v.width for v in self.views}
+
+    def run(self, part: Partition) -> PartTables:
+        rows = read_partition(self.job.input, part)
+        chunked = chunk_partition(rows.texts, self.model.tokenizer, self.job.chunking,
+                                  self.budget, self.specials)
+        chunk_vectors = self.encoder.encode(chunked.chunk_ids, self.job.batching)
+        chunk_tokens = chunked.chunk_n_tokens
+        n = part.n_rows
+        docs: dict[str, pa.Array] = {
+            "row": pa.array(np.arange(part.row_start, part.row_stop, dtype=np.int64)),
+            "id": rows.ids,
+            "n_tokens": pa.array(chunked.n_tokens),
+            "n_chunks": pa.array(chunked.n_chunks),
+            "truncated": pa.array(chunked.truncated),
+            "status": pa.array(chunked.status, pa.string()),
+            **rows.carry,
+        }
+        for name, vectors in chunk_vectors.items():
+            doc_vectors = aggregate_chunks(vectors, chunked.chunk_doc, chunk_tokens, n,
+                                           self.job.chunking.aggregate)
+            docs[name] = vector_array(doc_vectors, self.job.output.dtype)
+        chunks = None
+        if "chunks" in self.job.output.levels:
+            cols: dict[str, pa.Array] = {
+                "doc": pa.array(chunked.chunk_doc + part.row_start),
+                "seq": pa.array(chunked.chunk_seq),
+                "start": pa.array(chunked.chunk_start),
+                "end": pa.array(chunked.chunk_end),
+                "n_tokens": pa.array(chunk_tokens),
+            }
+            for name, vectors in chunk_vectors.items():
+                cols[name] = vector_array(vectors, self.job.output.dtype)
+            chunks = pa.table(cols)
+        return PartTables(pa.table(docs), chunks)
+
+
+def vector_array(vectors: np.ndarray, dtype: str) -> pa.FixedSizeListArray:
+    """(N, D) matrix as fixed_size_list<float, D>, zero-copy from the contiguous buffer."""
+    flat = np.ascontiguousarray(vectors, dtype=np.dtype(dtype)).reshape(-1)
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat), vectors.shape[1])

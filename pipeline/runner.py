@@ -1,0 +1,234 @@
+"""Running a job: plan partitions, check the store, run what is not done, commit once.
+
+The client side lives here: it plans from Parquet metadata, decides what a rerun may
+skip, hands partitions to an executor (in-process or Dask), and commits the store's
+final arrays and provenance when every partition has a marker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import BertpipeError, InputError, PartitionError, StoreError
+from .model import model_fingerprint
+from .partition import Extractor
+from .source import Partition, plan_partitions
+from .spec import Job
+from .stores import FORMATS, Layout, Staging, format_module
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+
+# on_plan(all partitions, pending partitions) once after planning, then
+# on_done(partition, marker) once per finished partition: progress reporting hooks.
+OnPlan = Callable[[Sequence[Partition], Sequence[Partition]], None]
+OnDone = Callable[[Partition, dict[str, Any]], None]
+
+
+@dataclass
+class RunSummary:
+    path: str
+    rows: int = 0
+    chunks: int = 0
+    tokens: int = 0
+    wall_s: float = 0.0
+    skipped: int = 0
+    run: int = 0
+    failed: list[str] = field(default_factory=list)
+    already_complete: bool = False
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.wall_s if self.wall_s else 0.0
+
+    def line(self) -> str:
+        if self.already_complete:
+            return f"{self.path}: already complete for this job; nothing to do"
+        return (f"{self.rows} rows, {self.chunks} chunks, {self.tokens} tokens in "
+                f"{self.wall_s:.1f}s ({self.tokens_per_s:,.0f} tokens/s); partitions "
+                f"skipped {self.skipped}, run {self.run}, failed {len(self.failed)}")
+
+
+def run_fingerprint(job: Job, model: dict[str, Any]) -> str:
+    """What must match for a rerun to reuse parts: the job's content and the weights."""
+    blob = json.dumps({"job": job.fingerprint(), "weights": model["weights_sha256"]},
+                      sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def run_partition(extractor: Extractor, staging: Staging, part: Partition,
+                  fingerprint: str) -> dict[str, Any]:
+    """Encode one partition and leave its parts and marker in the store."""
+    start = time.perf_counter()
+    tables = extractor.run(part)
+    marker = {
+        "fingerprint": fingerprint,
+        "rows": [part.row_start, part.row_stop],
+        "n_chunks": int(tables.docs.column("n_chunks").to_numpy().sum()),
+        "n_tokens": tables.n_tokens,
+        "device": str(extractor.model.device),
+        "dtype": str(extractor.model.compute_dtype).removeprefix("torch."),
+        "seconds": time.perf_counter() - start,
+    }
+    return staging.write_part(part.index, {"docs": tables.docs, "chunks": tables.chunks}, marker)
+
+
+def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None = None,
+            overwrite: bool = False, on_plan: OnPlan | None = None) -> RunSummary:
+    started = time.perf_counter()
+    parts = plan_partitions(job.input, job.execution.partition_rows)
+    if not parts:
+        raise InputError(f"input.path: {job.input.path} has no rows")
+    model = model_fingerprint(job.model.path)
+    fingerprint = run_fingerprint(job, model)
+    path = job.output.path
+    summary = RunSummary(path)
+    staging = prepare_store(job, fingerprint, overwrite or job.output.overwrite)
+    if staging is None:
+        summary.already_complete = True
+        return summary
+    done = staging.done(fingerprint)
+    pending = [p for p in parts if p.index not in done]
+    summary.skipped = len(parts) - len(pending)
+    if on_plan:
+        on_plan(parts, pending)
+    executor = executor or InProcessExecutor()
+    failures = executor.run(job, pending, staging, fingerprint, _collect(done, on_done))
+    summary.run = len(pending) - len(failures)
+    summary.failed = [f"partition {p.index} (rows {p.row_start}-{p.row_stop - 1} of "
+                      f"{Path(p.file).name}): {msg}" for p, msg in failures]
+    if failures:
+        summary.wall_s = time.perf_counter() - started
+        raise PartitionError(f"{len(failures)} of {len(parts)} partitions failed, the others are "
+                             f"kept for a rerun; first: {summary.failed[0]}")
+    markers = [done[p.index] for p in parts]
+    commit_store(job, staging, parts, markers, model, fingerprint)
+    summary.rows = parts[-1].row_stop
+    summary.chunks = sum(m["n_chunks"] for m in markers)
+    summary.tokens = sum(m["n_tokens"] for m in markers)
+    summary.wall_s = time.perf_counter() - started
+    return summary
+
+
+def _collect(done: dict[int, dict[str, Any]], on_done: OnDone | None) -> OnDone:
+    def record(part: Partition, marker: dict[str, Any]) -> None:
+        done[part.index] = marker
+        if on_done:
+            on_done(part, marker)
+    return record
+
+
+def prepare_store(job: Job, fingerprint: str, overwrite: bool) -> Staging | None:
+    """Staging for this run, or None when the store is already complete for this job.
+
+    A store written by a different job or model is refused unless `overwrite`; so is a
+    path that holds something other than a bertpipe store.
+    """
+    path = Path(job.output.path)
+    staging = Staging(path)
+    if path.exists() and overwrite:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    elif path.exists():
+        provenance = _stored_provenance(str(path))
+        info = staging.run_info() or {}
+        existing = provenance.get("run_fingerprint") or info.get("run_fingerprint")
+        if existing is None and (path.is_file() or any(path.iterdir())):
+            raise StoreError(f"output.path: {path} exists and is not a bertpipe store; "
+                             "choose another path or pass --overwrite")
+        if existing is not None and existing != fingerprint:
+            raise StoreError(f"output.path: {path} holds output of a different job or model; "
+                             "pass --overwrite to replace it or choose another output.path")
+        if provenance.get("complete"):
+            return None
+    format_module(job.output.format).create(
+        str(path), {"complete": False, "run_fingerprint": fingerprint})
+    staging.begin({"run_fingerprint": fingerprint, "job": job.to_dict()})
+    return staging
+
+
+def _stored_provenance(path: str) -> dict[str, Any]:
+    for module in FORMATS.values():
+        provenance = module.read_provenance(path)
+        if provenance:
+            return dict(provenance)
+    return {}
+
+
+def commit_store(job: Job, staging: Staging, parts: Sequence[Partition],
+                 markers: Sequence[dict[str, Any]], model: dict[str, Any],
+                 fingerprint: str) -> None:
+    layout = Layout(
+        indices=[p.index for p in parts],
+        n_docs=parts[-1].row_stop,
+        n_chunks=sum(m["n_chunks"] for m in markers),
+        has_chunks="chunks" in job.output.levels,
+    )
+    provenance = build_provenance(job, markers, model, fingerprint)
+    format_module(job.output.format).commit(job.output.path, staging, layout, provenance)
+    staging.remove()
+
+
+def build_provenance(job: Job, markers: Sequence[dict[str, Any]], model: dict[str, Any],
+                     fingerprint: str) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    return {
+        "format_version": FORMAT_VERSION,
+        "run_fingerprint": fingerprint,
+        "job": job.to_dict(),
+        "model": model,
+        "versions": {"bertpipe": __version__, "torch": torch.__version__,
+                     "transformers": transformers.__version__},
+        "device": sorted({m["device"] for m in markers}),
+        "dtype": sorted({m["dtype"] for m in markers}),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "stats": {
+            "rows": sum(m["rows"][1] - m["rows"][0] for m in markers),
+            "chunks": sum(m["n_chunks"] for m in markers),
+            "tokens": sum(m["n_tokens"] for m in markers),
+            "partitions": len(markers),
+        },
+        "complete": True,
+    }
+
+
+class Executor:
+    """Runs partitions; returns the ones that failed with a one-line reason each."""
+
+    def run(self, job: Job, parts: Sequence[Partition], staging: Staging, fingerprint: str,
+            on_done: OnDone) -> list[tuple[Partition, str]]:
+        raise NotImplementedError
+
+
+class InProcessExecutor(Executor):
+    """Everything in this process, one partition after another (`scheduler: synchronous`)."""
+
+    def __init__(self, extractor: Extractor | None = None):
+        self.extractor = extractor
+
+    def run(self, job: Job, parts: Sequence[Partition], staging: Staging, fingerprint: str,
+            on_done: OnDone) -> list[tuple[Partition, str]]:
+        if not parts:
+            return []
+        extractor = self.extractor or Extractor(job)
+        failures = []
+        for part in parts:
+            try:
+                marker = run_partition(extractor, staging, part, fingerprint)
+            except BertpipeError as exc:
+                failures.append((part, str(exc)))
+                continue
+            on_done(part, marker)
+        return failures

@@ -1,0 +1,126 @@
+"""Parquet store: a directory with `docs.parquet` and `chunks.parquet`.
+
+Views are `fixed_size_list<float, D>` columns (zstd, byte-stream-split, no dictionary);
+the provenance JSON sits in `docs.parquet`'s file metadata under `bertpipe`. The
+commit writes `chunks.parquet` first and `docs.parquet` last, each to a temporary name
+renamed into place, so a store with a `docs.parquet` is a complete store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import xarray as xr
+
+from .base import Layout, column_matrix
+from .staging import Staging
+
+ROW_GROUP_ROWS = 32768
+METADATA_KEY = b"bertpipe"
+
+
+def create(path: str, provenance: dict[str, Any]) -> None:
+    Path(path).mkdir(parents=True, exist_ok=True)
+
+
+def is_store(path: str) -> bool:
+    return (Path(path) / "docs.parquet").exists()
+
+
+def read_provenance(path: str) -> dict[str, Any] | None:
+    file = Path(path) / "docs.parquet"
+    if not file.exists():
+        return None
+    meta = pq.read_schema(file).metadata or {}
+    raw = meta.get(METADATA_KEY)
+    return json.loads(raw) if raw else None
+
+
+def commit(path: str, staging: Staging, layout: Layout, provenance: dict[str, Any]) -> None:
+    root = Path(path)
+    if layout.has_chunks:
+        _write(root / "chunks.parquet", staging.read_parts("chunks", layout.indices), None)
+    docs = (t.drop_columns(["row"]) for t in staging.read_parts("docs", layout.indices))
+    _write(root / "docs.parquet", docs, provenance)
+
+
+def _write(file: Path, parts: Iterator[pa.Table], provenance: dict[str, Any] | None) -> None:
+    tmp = file.with_name(f".{file.name}.{uuid.uuid4().hex}")
+    writer: pq.ParquetWriter | None = None
+    pending: list[pa.Table] = []
+    try:
+        for table in parts:
+            if writer is None:
+                writer = _writer(tmp, table.schema, provenance)
+            pending.append(table)
+            if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
+                writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
+                pending = []
+        if writer is not None and pending:
+            writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
+    finally:
+        if writer is not None:
+            writer.close()
+    os.replace(tmp, file)
+
+
+def _writer(file: Path, schema: pa.Schema, provenance: dict[str, Any] | None) -> pq.ParquetWriter:
+    vectors = [f.name for f in schema if pa.types.is_fixed_size_list(f.type)]
+    others = [f.name for f in schema if f.name not in vectors]
+    if provenance is not None:
+        schema = schema.with_metadata({METADATA_KEY: json.dumps(provenance, default=str)})
+    return pq.ParquetWriter(
+        file, schema, compression="zstd",
+        use_dictionary=others,  # why: dictionaries only bloat float vectors
+        use_byte_stream_split=[f"{name}.list.element" for name in vectors],
+    )
+
+
+def open_datasets(path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
+    root = Path(path)
+    docs = _dataset(root / "docs.parquet", "doc")
+    docs = docs.set_coords("id")
+    chunks_file = root / "chunks.parquet"
+    chunks = _dataset(chunks_file, "chunk") if chunks_file.exists() else None
+    return docs, chunks
+
+
+def _dataset(file: Path, dim: str) -> xr.Dataset:
+    """Every column as a dask array read lazily, one block per row group."""
+    pf = pq.ParquetFile(file)
+    group_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
+    variables = {}
+    for field in pf.schema_arrow:
+        if pa.types.is_fixed_size_list(field.type):
+            width = field.type.list_size
+            dtype = np.dtype(field.type.value_type.to_pandas_dtype())
+            dims: tuple[str, ...] = (dim, f"{field.name}_dim")
+        else:
+            width, dims = 0, (dim,)
+            dtype = np.dtype(object) if pa.types.is_string(field.type) else np.dtype(
+                field.type.to_pandas_dtype())
+        blocks = [
+            da.from_delayed(dask.delayed(_read_block)(str(file), g, field.name),
+                            shape=(rows, width) if width else (rows,), dtype=dtype)
+            for g, rows in enumerate(group_rows)
+        ]
+        empty = np.empty((0, width) if width else (0,), dtype)
+        variables[field.name] = (dims, da.concatenate(blocks) if blocks else da.from_array(empty))
+    return xr.Dataset(variables)
+
+
+def _read_block(file: str, group: int, column: str) -> np.ndarray:
+    col = pq.ParquetFile(file).read_row_group(group, columns=[column]).column(0)
+    if pa.types.is_fixed_size_list(col.type):
+        return column_matrix(col)
+    return col.to_numpy()

@@ -1,0 +1,219 @@
+"""Views: which hidden states, how they are combined, how tokens are pooled into one vector.
+
+Layer indices follow `hidden_states`: 0 is the embedding output, 1..L the blocks,
+negatives count from the end (-1 == L). Combining K selected layers h_1..h_K (each B,T,H):
+
+    none        h_1
+    mean        (1/K) Σ_k h_k
+    sum         Σ_k h_k
+    concat      [h_1; ...; h_K]                  (B, T, K·H)
+    weighted    Σ_k w_k h_k                      (weights used as given)
+    scalar_mix  γ · Σ_k softmax(s)_k h_k         (ELMo; s = the view's weights)
+
+Pooling (mask excludes padding everywhere, inputs are never modified):
+
+    cls        h[:, 0]
+    pooler     tanh(h_L[:, 0] @ W.T + b) with the model's own pooler weights (last layer)
+    mean       Σ_t m_t h_t / Σ_t m_t
+    max        max_t over non-padding tokens, per dimension
+    attention  Σ_t a_t h_t, a = last block's [CLS] attention row, averaged over heads
+    last       h at the last non-padding token
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .errors import JobError
+from .spec import ViewSpec
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class PoolContext:
+    """What some poolings need beyond the token states."""
+
+    cls_attention: Tensor | None = None  # (B, T), rows sum to 1 over non-padding
+    pooler: Callable[[Tensor], Tensor] | None = None  # (B, T, H) -> (B, H)
+
+
+# ---- combine -------------------------------------------------------------------------
+
+def _combine_none(states: Sequence[Tensor], weights: Tensor | None, gamma: float) -> Tensor:
+    return states[0]
+
+
+def _combine_mean(states: Sequence[Tensor], weights: Tensor | None, gamma: float) -> Tensor:
+    return torch.stack(list(states)).mean(0)
+
+
+def _combine_sum(states: Sequence[Tensor], weights: Tensor | None, gamma: float) -> Tensor:
+    return torch.stack(list(states)).sum(0)
+
+
+def _combine_concat(states: Sequence[Tensor], weights: Tensor | None, gamma: float) -> Tensor:
+    return torch.cat(list(states), dim=-1)
+
+
+def _combine_weighted(states: Sequence[Tensor], weights: Tensor | None, gamma: float) -> Tensor:
+    assert weights is not None  # guaranteed by spec validation
+    return torch.einsum("k,kbth->bth", weights.to(states[0].dtype), torch.stack(list(states)))
+
+
+def _combine_scalar_mix(states: Sequence[Tensor], weights: Tensor | None, gamma: float) -> Tensor:
+    assert weights is not None
+    mix = torch.softmax(weights.to(states[0].dtype), dim=0)
+    return gamma * torch.einsum("k,kbth->bth", mix, torch.stack(list(states)))
+
+
+COMBINES: dict[str, Callable[[Sequence[Tensor], Tensor | None, float], Tensor]] = {
+    "none": _combine_none,
+    "mean": _combine_mean,
+    "sum": _combine_sum,
+    "concat": _combine_concat,
+    "weighted": _combine_weighted,
+    "scalar_mix": _combine_scalar_mix,
+}
+
+
+# ---- pooling -------------------------------------------------------------------------
+
+def pool_cls(h: Tensor, mask: Tensor, ctx: PoolContext) -> Tensor:
+    return h[:, 0]
+
+
+def pool_mean(h: Tensor, mask: Tensor, ctx: PoolContext) -> Tensor:
+    m = mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
+    return (h * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+def pool_max(h: Tensor, mask: Tensor, ctx: PoolContext) -> Tensor:
+    filled = h.masked_fill(~mask.unsqueeze(-1), torch.finfo(h.dtype).min)
+    return filled.max(dim=1).values
+
+
+def pool_attention(h: Tensor, mask: Tensor, ctx: PoolContext) -> Tensor:
+    if ctx.cls_attention is None:
+        raise RuntimeError("attention pooling needs the [CLS] attention row")
+    a = ctx.cls_attention.to(h.dtype) * mask.to(h.dtype)  # (B, T)
+    return torch.einsum("bt,bth->bh", a, h)
+
+
+def pool_last(h: Tensor, mask: Tensor, ctx: PoolContext) -> Tensor:
+    last = mask.long().sum(1).clamp(min=1) - 1  # right padding: last real token
+    return h[torch.arange(h.shape[0], device=h.device), last]
+
+
+def pool_pooler(h: Tensor, mask: Tensor, ctx: PoolContext) -> Tensor:
+    if ctx.pooler is None:
+        raise RuntimeError("pooler pooling needs the model's pooler")
+    return ctx.pooler(h)
+
+
+POOLINGS: dict[str, Callable[[Tensor, Tensor, PoolContext], Tensor]] = {
+    "cls": pool_cls,
+    "pooler": pool_pooler,
+    "mean": pool_mean,
+    "max": pool_max,
+    "attention": pool_attention,
+    "last": pool_last,
+}
+
+
+def get_pooling(name: str) -> Callable[[Tensor, Tensor, PoolContext], Tensor]:
+    try:
+        return POOLINGS[name]
+    except KeyError:
+        raise JobError(f"pooling: unknown {name!r}; valid: {', '.join(POOLINGS)}") from None
+
+
+def get_combine(name: str) -> Callable[[Sequence[Tensor], Tensor | None, float], Tensor]:
+    try:
+        return COMBINES[name]
+    except KeyError:
+        raise JobError(f"combine: unknown {name!r}; valid: {', '.join(COMBINES)}") from None
+
+
+# ---- resolved views ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ResolvedView:
+    """A view with absolute layer indices (0..L) and its output width."""
+
+    spec: ViewSpec
+    layers: tuple[int, ...]
+    width: int
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def compute(self, states: dict[int, Tensor], mask: Tensor, ctx: PoolContext) -> Tensor:
+        """(B, width) float32 vectors for one batch."""
+        weights = None if self.spec.weights is None else torch.tensor(self.spec.weights)
+        selected = [states[i] for i in self.layers]
+        if weights is not None:
+            weights = weights.to(selected[0].device)
+        combined = get_combine(self.spec.combine)(selected, weights, self.spec.gamma)
+        pooled = get_pooling(self.spec.pooling)(combined, mask, ctx)
+        if self.spec.normalize:
+            pooled = torch.nn.functional.normalize(pooled, dim=-1)
+        return pooled
+
+
+def resolve_layers(layers: tuple[int, ...] | str, n_layers: int, key: str) -> tuple[int, ...]:
+    """Map job layer indices to 0..L; `all` is every hidden state."""
+    if layers == "all":
+        return tuple(range(n_layers + 1))
+    out = []
+    for i in layers:
+        j = i + n_layers + 1 if i < 0 else i
+        if not 0 <= j <= n_layers:
+            raise JobError(f"{key}.layers: {i} is out of range for a model with {n_layers} "
+                           f"layers (valid: {-(n_layers + 1)}..{n_layers})")
+        out.append(j)
+    return tuple(out)
+
+
+def resolve_views(specs: Sequence[ViewSpec], n_layers: int, hidden: int) -> list[ResolvedView]:
+    resolved = []
+    for spec in specs:
+        key = f"views.{spec.name}"
+        get_pooling(spec.pooling)
+        get_combine(spec.combine)
+        layers = resolve_layers(spec.layers, n_layers, key)
+        if spec.weights is not None and len(spec.weights) != len(layers):
+            raise JobError(f"{key}.weights: {len(spec.weights)} weights for {len(layers)} layers")
+        width = hidden * len(layers) if spec.combine == "concat" else hidden
+        resolved.append(ResolvedView(spec, layers, width))
+    return resolved
+
+
+@dataclass(frozen=True)
+class ForwardNeeds:
+    """What one forward pass must produce so that every view can be computed."""
+
+    layers: frozenset[int]  # hidden-state indices used
+    blocks_to_run: int  # transformer blocks to keep (0..L)
+    hidden_states: bool  # any layer other than the last run block
+    cls_attention: bool
+    pooler: bool
+
+
+def forward_needs(views: Sequence[ResolvedView], n_layers: int) -> ForwardNeeds:
+    layers = frozenset(i for v in views for i in v.layers)
+    attention = any(v.spec.pooling == "attention" for v in views)
+    pooler = any(v.spec.pooling == "pooler" for v in views)
+    # The pooler and the [CLS] attention are defined by the model's last block.
+    blocks = n_layers if attention or pooler else max(layers)
+    return ForwardNeeds(
+        layers=layers,
+        blocks_to_run=blocks,
+        hidden_states=layers != frozenset({blocks}),
+        cls_attention=attention,
+        pooler=pooler,
+    )
