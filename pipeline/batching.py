@@ -18,12 +18,12 @@ def plan_batches(lengths: Sequence[int], max_tokens: int, max_batch_size: int) -
     (a single sequence longer than the budget gets a batch of its own). Sorting makes
     neighbours similar in length, so padding waste stays small.
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
-    order = np.argsort(-lengths, kind="stable")  # stable: ties keep input order
+    arr = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(-arr, kind="stable")  # stable: ties keep input order
     batches: list[np.ndarray] = []
     start = 0
     while start < len(order):
-        longest = int(lengths[order[start]])  # sorted descending: the first is the longest
+        longest = int(arr[order[start]])  # sorted descending: the first is the longest
         size = max(1, min(max_batch_size, max_tokens // max(longest, 1)))
         batches.append(order[start : start + size])
         start += size
@@ -32,7 +32,7 @@ def plan_batches(lengths: Sequence[int], max_tokens: int, max_batch_size: int) -
 
 def padding_efficiency(lengths: Sequence[int], batches: Sequence[np.ndarray]) -> float:
     """Real tokens over padded tokens across a plan (1.0 means no padding)."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    real = int(lengths.sum())
-    padded = sum(len(b) * int(lengths[b].max()) for b in batches if len(b))
+    arr = np.asarray(lengths, dtype=np.int64)
+    real = int(arr.sum())
+    padded = sum(len(b) * int(arr[b].max()) for b in batches if len(b))
     return real / padded if padded else 1.0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,10 +58,15 @@ class Encoder:
             bool_mask = mask.bool()
             ctx = PoolContext(
                 cls_attention=capture(bool_mask) if capture else None,
-                pooler=self.model.module.pooler if self.needs.pooler else None,
+                pooler=self._pooler() if self.needs.pooler else None,
             )
             return {v.name: v.compute(states, bool_mask, ctx).float().cpu().numpy()
                     for v in self.views}
+
+    def _pooler(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        module: Any = self.model.module
+        pooler: Callable[[torch.Tensor], torch.Tensor] = module.pooler
+        return pooler
 
     def _pad(self, sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         longest = max(len(s) for s in sequences)
@@ -105,7 +110,7 @@ class _ClsAttention:
     def __init__(self, model: LoadedModel):
         layer = model.encoder_layers()[-1]
         self.attn, self.q, self.k = _find_query_key(layer)
-        config = model.module.config
+        config: Any = model.module.config
         self.n_heads = int(config.num_attention_heads)
         self._hidden: torch.Tensor | None = None
 

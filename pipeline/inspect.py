@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .load import Store
@@ -30,7 +32,7 @@ def describe(store: Store) -> str:
     versions = prov.get("versions", {})
     lines += [
         f"model      {model.get('path')} ({model.get('config', {}).get('model_type', '?')})",
-        f"weights    " + ", ".join(f"{k} sha256:{v[:12]}" for k, v in
+        "weights    " + ", ".join(f"{k} sha256:{v[:12]}" for k, v in
                                    model.get("weights_sha256", {}).items()),
         f"ran on     {', '.join(prov.get('device', []))} "
         f"({', '.join(prov.get('dtype', []))}), {prov.get('created')}",
@@ -39,7 +41,7 @@ def describe(store: Store) -> str:
     return "\n".join(lines)
 
 
-def _view_text(spec: dict) -> str:  # type: ignore[type-arg]
+def _view_text(spec: dict[str, Any]) -> str:
     layers = spec.get("layers")
     text = f"pooling {spec['pooling']}, layers {layers}"
     if spec.get("combine", "none") != "none":

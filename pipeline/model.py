@@ -91,12 +91,16 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def load_config(spec: ModelSpec) -> Any:
     """The model's config, from a local directory or the offline cache (never the network)."""
+    from huggingface_hub.errors import HFValidationError
     from transformers import AutoConfig
 
+    if Path(spec.path).is_absolute() and not Path(spec.path).is_dir():
+        raise ModelError(f"model.path: {spec.path} does not exist (a local model directory, "
+                         "or a hub id already in the local cache)")
     try:
         return AutoConfig.from_pretrained(spec.path, local_files_only=True,
                                           trust_remote_code=spec.trust_remote_code)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, HFValidationError) as exc:
         raise ModelError(f"model.path: cannot load {spec.path!r} offline: {_first_line(exc)}"
                          ) from None
 

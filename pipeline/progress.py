@@ -8,8 +8,13 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from rich.progress import (BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn,
-                           TimeRemainingColumn)
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.progress import Progress as RichProgress
 
 from .source import Partition

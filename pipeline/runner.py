@@ -20,7 +20,7 @@ from typing import Any
 
 from . import __version__
 from .errors import BertpipeError, InputError, PartitionError, StoreError
-from .model import model_fingerprint
+from .model import load_config, model_fingerprint
 from .partition import Extractor
 from .source import Partition, plan_partitions
 from .spec import Job
@@ -90,6 +90,7 @@ def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None =
     parts = plan_partitions(job.input, job.execution.partition_rows)
     if not parts:
         raise InputError(f"input.path: {job.input.path} has no rows")
+    load_config(job.model)  # fail fast, before the store is touched, on a missing model
     model = model_fingerprint(job.model.path)
     fingerprint = run_fingerprint(job, model)
     path = job.output.path

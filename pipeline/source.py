@@ -72,12 +72,12 @@ def plan_partitions(spec: InputSpec, partition_rows: int) -> list[Partition]:
 
 
 def check_columns(spec: InputSpec, schema: pa.Schema, file: str) -> None:
-    wanted = {"input.text_column": spec.text_column}
+    wanted = [("input.text_column", spec.text_column)]
     if spec.id_column:
-        wanted["input.id_column"] = spec.id_column
-    wanted.update({"input.carry_columns": c for c in spec.carry_columns})
+        wanted.append(("input.id_column", spec.id_column))
+    wanted += [("input.carry_columns", c) for c in spec.carry_columns]
     names = set(schema.names)
-    for key, column in wanted.items():
+    for key, column in wanted:
         if column not in names:
             raise InputError(f"{key}: column {column!r} not in {file} "
                              f"(columns: {', '.join(schema.names)})")

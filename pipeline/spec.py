@@ -100,7 +100,8 @@ class Job:
     def to_dict(self) -> dict[str, Any]:
         """The job as a plain dict in the job-file shape (views keyed by name)."""
         raw = asdict(self)
-        raw["views"] = {v.pop("name"): v for v in raw["views"]}
+        raw["views"] = {v.pop("name"): {k: x for k, x in v.items() if x is not None}
+                        for v in raw["views"]}
         return _lists_for_tuples(raw)
 
     @classmethod

@@ -154,7 +154,8 @@ class ResolvedView:
 
     def compute(self, states: dict[int, Tensor], mask: Tensor, ctx: PoolContext) -> Tensor:
         """(B, width) float32 vectors for one batch."""
-        weights = None if self.spec.weights is None else torch.tensor(self.spec.weights)
+        weights = None if self.spec.weights is None else torch.tensor(self.spec.weights,
+                                                                        dtype=torch.float64)
         selected = [states[i] for i in self.layers]
         if weights is not None:
             weights = weights.to(selected[0].device)
@@ -171,6 +172,7 @@ def resolve_layers(layers: tuple[int, ...] | str, n_layers: int, key: str) -> tu
         return tuple(range(n_layers + 1))
     out = []
     for i in layers:
+        assert isinstance(i, int)
         j = i + n_layers + 1 if i < 0 else i
         if not 0 <= j <= n_layers:
             raise JobError(f"{key}.layers: {i} is out of range for a model with {n_layers} "

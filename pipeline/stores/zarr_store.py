@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import xarray as xr
 import zarr
+import zarr.codecs
 
 from .base import Layout, column_matrix
 from .staging import Staging

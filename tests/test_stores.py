@@ -1,0 +1,173 @@
+"""One suite that every store format runs: round trips through open_store, xarray,
+pandas and pyarrow; provenance; atomic completion; rerun rules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import xarray as xr
+
+import pipeline
+from pipeline.errors import StoreError
+from pipeline.partition import Extractor
+from pipeline.runner import run_job
+from pipeline.source import plan_partitions
+from pipeline.spec import Job
+from tests.conftest import job_dict, write_table
+
+FORMATS = ["zarr", "parquet"]
+
+
+def _job(tmp_path: Path, model: Path, source: Path, fmt: str, **sections) -> Job:  # type: ignore[no-untyped-def]
+    out = tmp_path / f"out.{fmt}"
+    defaults = {
+        "output": {"path": str(out), "format": fmt},
+        "input": {"carry_columns": ["label"]},
+        "views": {"mean": {"pooling": "mean"}, "cls": {"pooling": "cls"},
+                  "cat": {"layers": [1, 2], "combine": "concat", "pooling": "max"}},
+    }
+    raw = job_dict(source, model, out, **{**defaults, **sections})
+    return Job.from_dict(raw)
+
+
+def _direct_vectors(job: Job) -> dict[str, np.ndarray]:
+    """The same rows encoded in one go, bypassing partitions and stores."""
+    ex = Extractor(job)
+    texts = pq.read_table(job.input.path).column("text").to_pylist()
+    ids = [ex.model.tokenizer.encode(t) for t in texts]
+    return ex.encoder.encode(ids, job.batching)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_round_trip_open_store(fmt: str, tmp_path: Path, tiny_bert: Path,
+                               small_texts: Path) -> None:
+    job = _job(tmp_path, tiny_bert, small_texts, fmt)
+    summary = run_job(job)
+    assert summary.rows == 10 and summary.run == 2 and not summary.failed
+    store = pipeline.open_store(job.output.path)
+    assert store.format == fmt
+    table = pq.read_table(small_texts)
+    assert list(store.docs["id"].values) == table.column("id").to_pylist()
+    assert list(store.docs["label"].values) == table.column("label").to_pylist()
+    assert store.docs["cat"].shape == (10, 64)
+    assert store.docs.sizes["doc"] == 10
+    expected = _direct_vectors(job)
+    for view in ("mean", "cls", "cat"):
+        np.testing.assert_allclose(store.vectors(view), expected[view], atol=1e-6)
+    assert store.chunks is not None and store.chunks.sizes["chunk"] == 10
+    np.testing.assert_array_equal(store.chunks["doc"].values, np.arange(10))
+    prov = store.provenance
+    assert prov["complete"] is True and prov["format_version"] == 1
+    assert prov["job"]["views"]["cat"]["combine"] == "concat"
+    assert len(next(iter(prov["model"]["weights_sha256"].values()))) == 64
+    assert set(prov["versions"]) == {"bertpipe", "torch", "transformers"}
+    assert prov["device"] == ["cpu"] and prov["dtype"] == ["float32"]
+    assert not (Path(job.output.path) / "_bertpipe").exists()
+
+
+def test_zarr_reads_with_plain_xarray(tmp_path: Path, tiny_bert: Path, small_texts: Path) -> None:
+    job = _job(tmp_path, tiny_bert, small_texts, "zarr")
+    run_job(job)
+    ds = xr.open_zarr(job.output.path, group="docs")
+    assert ds["mean"].dims == ("doc", "mean_dim")
+    np.testing.assert_array_equal(ds["mean"].values,
+                                  pipeline.open_store(job.output.path).vectors("mean"))
+    ids = xr.open_zarr(job.output.path)["ids"].values
+    assert list(ids) == [f"r{i}" for i in range(10)]
+
+
+def test_parquet_reads_with_pandas_and_pyarrow(tmp_path: Path, tiny_bert: Path,
+                                               small_texts: Path) -> None:
+    job = _job(tmp_path, tiny_bert, small_texts, "parquet")
+    run_job(job)
+    docs = Path(job.output.path) / "docs.parquet"
+    df = pd.read_parquet(docs)
+    assert list(df.columns[:6]) == ["id", "n_tokens", "n_chunks", "truncated", "status", "label"]
+    assert len(df["mean"].iloc[0]) == 32
+    table = pq.read_table(docs)
+    assert str(table.schema.field("mean").type) == "fixed_size_list<element: float>[32]"
+    prov = json.loads(table.schema.metadata[b"bertpipe"])
+    assert prov["complete"] is True
+    np.testing.assert_allclose(np.stack(df["mean"].to_numpy()),
+                               pipeline.open_store(job.output.path).vectors("mean"))
+    encodings = pq.ParquetFile(docs).metadata.row_group(0).column(6).encodings
+    assert "BYTE_STREAM_SPLIT" in encodings
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_float16_output_halves_size(fmt: str, tmp_path: Path, tiny_bert: Path,
+                                    small_texts: Path) -> None:
+    job = _job(tmp_path, tiny_bert, small_texts, fmt,
+               output={"path": str(tmp_path / f"h.{fmt}"), "format": fmt, "dtype": "float16"})
+    run_job(job)
+    store = pipeline.open_store(job.output.path)
+    assert store.docs["mean"].dtype == np.float16
+    np.testing.assert_allclose(store.vectors("mean"), _direct_vectors(job)["mean"], atol=2e-3)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_docs_only_level(fmt: str, tmp_path: Path, tiny_bert: Path, small_texts: Path) -> None:
+    job = _job(tmp_path, tiny_bert, small_texts, fmt,
+               output={"path": str(tmp_path / f"d.{fmt}"), "format": fmt, "levels": ["docs"]})
+    run_job(job)
+    assert pipeline.open_store(job.output.path).chunks is None
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_rerun_skips_and_changed_job_is_refused(fmt: str, tmp_path: Path, tiny_bert: Path,
+                                                small_texts: Path) -> None:
+    job = _job(tmp_path, tiny_bert, small_texts, fmt)
+    run_job(job)
+    before = pipeline.open_store(job.output.path).vectors("mean")
+    assert run_job(job).already_complete
+    changed = _job(tmp_path, tiny_bert, small_texts, fmt,
+                   views={"mean": {"pooling": "max"}})
+    with pytest.raises(StoreError, match="different job or model.*--overwrite"):
+        run_job(changed)
+    np.testing.assert_array_equal(pipeline.open_store(job.output.path).vectors("mean"), before)
+    run_job(changed, overwrite=True)
+    assert pipeline.open_store(job.output.path).provenance["job"]["views"]["mean"][
+        "pooling"] == "max"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_incomplete_store_does_not_open_and_resumes(fmt: str, tmp_path: Path, tiny_bert: Path,
+                                                    small_texts: Path) -> None:
+    """A run that dies after one partition leaves a store that is refused, then resumed."""
+    job = _job(tmp_path, tiny_bert, small_texts, fmt)
+    from pipeline import runner
+
+    class DiesAfterFirst(runner.InProcessExecutor):
+        def run(self, job, parts, staging, fingerprint, on_done):  # type: ignore[no-untyped-def]
+            super().run(job, parts[:1], staging, fingerprint, on_done)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_job(job, executor=DiesAfterFirst())
+    with pytest.raises(StoreError, match="incomplete"):
+        pipeline.open_store(job.output.path)
+    summary = run_job(job)
+    assert summary.skipped == 1 and summary.run == 1
+    clean = _job(tmp_path / "clean", tiny_bert, small_texts, fmt)
+    run_job(clean)
+    for view in ("mean", "cls", "cat"):
+        np.testing.assert_array_equal(pipeline.open_store(job.output.path).vectors(view),
+                                      pipeline.open_store(clean.output.path).vectors(view))
+
+
+def test_partitions_follow_row_groups_and_files(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    write_table(src / "b.parquet", {"text": ["x"] * 5}, row_group_size=2)
+    write_table(src / "a.parquet", {"text": ["y"] * 3})
+    from pipeline.spec import InputSpec
+
+    parts = plan_partitions(InputSpec(str(src), "text"), 2)
+    assert [(Path(p.file).name, p.row_start, p.row_stop) for p in parts] == [
+        ("a.parquet", 0, 2), ("a.parquet", 2, 3),
+        ("b.parquet", 3, 5), ("b.parquet", 5, 7), ("b.parquet", 7, 8)]
