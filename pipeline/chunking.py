@@ -56,6 +56,7 @@ class ChunkedPartition:
     """Documents of one partition cut into chunks (columns, chunk order = doc order)."""
 
     n_tokens: np.ndarray  # (N,) content tokens of the whole text
+    n_covered: np.ndarray  # (N,) of those, tokens inside some chunk (all unless truncated)
     n_chunks: np.ndarray  # (N,)
     truncated: np.ndarray  # (N,) bool
     status: list[str]  # (N,)
@@ -100,6 +101,7 @@ def chunk_partition(texts: Sequence[str | None], tokenizer: Any, spec: ChunkingS
                                                                          "offset_mapping": []}
     n = len(texts)
     n_tokens = np.zeros(n, np.int64)
+    n_covered = np.zeros(n, np.int64)
     n_chunks = np.zeros(n, np.int64)
     truncated = np.zeros(n, bool)
     status = [STATUS_EMPTY] * n
@@ -114,7 +116,8 @@ def chunk_partition(texts: Sequence[str | None], tokenizer: Any, spec: ChunkingS
         status[i] = STATUS_OK
         n_tokens[i] = len(ids)
         n_chunks[i] = len(spans)
-        truncated[i] = spans[-1].tok_end < len(ids)
+        n_covered[i] = spans[-1].tok_end  # own token ranges tile [0, last end)
+        truncated[i] = n_covered[i] < len(ids)
         for seq, s in enumerate(spans):
             docs.append(i)
             seqs.append(seq)
@@ -122,7 +125,8 @@ def chunk_partition(texts: Sequence[str | None], tokenizer: Any, spec: ChunkingS
             ends.append(s.end)
             ids_out.append([*specials.prefix, *ids[s.tok_start : s.tok_end], *specials.suffix])
     return ChunkedPartition(
-        n_tokens=n_tokens, n_chunks=n_chunks, truncated=truncated, status=status,
+        n_tokens=n_tokens, n_covered=n_covered, n_chunks=n_chunks, truncated=truncated,
+        status=status,
         chunk_doc=np.asarray(docs, np.int64), chunk_seq=np.asarray(seqs, np.int64),
         chunk_start=np.asarray(starts, np.int64), chunk_end=np.asarray(ends, np.int64),
         chunk_ids=ids_out,

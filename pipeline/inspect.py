@@ -61,8 +61,10 @@ def _chunk_lines(store: Store) -> list[str]:
             f"median {float(np.median(per_doc)):g}, max {int(per_doc.max())}; "
             f"{100 * float((per_doc > 1).mean()):.1f}% of documents chunked")
     lines = [line]
-    if store.chunks is not None:
-        chunk_tokens = int(np.asarray(store.chunks["n_tokens"].values).sum())
-        lines.append(f"           {chunk_tokens} tokens encoded (special tokens and overlap "
-                     "included)")
+    stats = store.provenance.get("stats", {})
+    if "tokens_covered" in stats:
+        total, covered = stats["tokens"], stats["tokens_covered"]
+        share = 100 * covered / total if total else 100.0
+        lines.append(f"           tokens covered {covered} of {total} ({share:.1f}%); "
+                     f"{stats['tokens_encoded']} encoded (special tokens and overlap included)")
     return lines

@@ -7,12 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import xarray as xr
 
 from .errors import StoreError
+from .source import read_text
+from .spec import InputSpec
 from .stores import detect_format
-
-DOC_FIELDS = ("n_tokens", "n_chunks", "truncated", "status")
 
 
 @dataclass
@@ -42,9 +43,35 @@ class Store:
                              f"views: {', '.join(self.views)}")
         return np.asarray(data[view].values)
 
+    def chunk_texts(self, row: int, text: str | None = None) -> pd.DataFrame:
+        """One document's chunks with their text and vectors, in document order.
+
+        Columns: seq, start, end, n_tokens, text, and one column per view (a vector per
+        cell). The document text is `text` when given, else read from the job's input.
+        """
+        if self.chunks is None:
+            raise StoreError(f"{self.path}: chunk vectors were not stored (output.levels)")
+        doc = np.asarray(self.chunks["doc"].values)
+        lo, hi = np.searchsorted(doc, [row, row + 1])  # chunks are stored in row order
+        if text is None:
+            text = read_text(InputSpec(**_input_spec(self.provenance)), row)
+        part = self.chunks.isel(chunk=slice(int(lo), int(hi)))
+        frame = pd.DataFrame({k: np.asarray(part[k].values) for k in
+                              ("seq", "start", "end", "n_tokens")})
+        frame["text"] = [text[a:b] for a, b in zip(frame["start"], frame["end"], strict=True)]
+        for view in self.views:
+            frame[view] = list(np.asarray(part[view].values))
+        return frame
+
     def __repr__(self) -> str:
         n = self.docs.sizes.get("doc", 0)
         return f"Store({self.path!r}, format={self.format}, docs={n}, views={self.views})"
+
+
+def _input_spec(provenance: dict[str, Any]) -> dict[str, Any]:
+    raw = dict(provenance["job"]["input"])
+    raw["carry_columns"] = tuple(raw.get("carry_columns", ()))
+    return raw
 
 
 def open_store(path: str | Path) -> Store:

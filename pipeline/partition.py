@@ -19,18 +19,12 @@ from .source import Partition, read_partition
 from .spec import Job
 from .views import ForwardNeeds, ResolvedView, forward_needs, resolve_views
 
-DOC_FIELDS = ("n_tokens", "n_chunks", "truncated", "status")
-CHUNK_FIELDS = ("doc", "seq", "start", "end", "n_tokens")
-
 
 @dataclass
 class PartTables:
     docs: pa.Table  # row, id, n_tokens, n_chunks, truncated, status, carry..., views...
     chunks: pa.Table | None  # doc, seq, start, end, n_tokens, views... (None: not stored)
-
-    @property
-    def n_tokens(self) -> int:
-        return int(np.sum(self.docs.column("n_tokens").to_numpy()))
+    stats: dict[str, int]  # n_chunks, n_tokens (in documents), n_covered, n_encoded
 
 
 class Extractor:
@@ -86,7 +80,13 @@ class Extractor:
             for name, vectors in chunk_vectors.items():
                 cols[name] = vector_array(vectors, self.job.output.dtype)
             chunks = pa.table(cols)
-        return PartTables(pa.table(docs), chunks)
+        stats = {
+            "n_chunks": len(chunk_tokens),
+            "n_tokens": int(chunked.n_tokens.sum()),
+            "n_covered": int(chunked.n_covered.sum()),
+            "n_encoded": int(chunk_tokens.sum()),  # special tokens and overlap included
+        }
+        return PartTables(pa.table(docs), chunks, stats)
 
 
 def vector_array(vectors: np.ndarray, dtype: str) -> pa.FixedSizeListArray:

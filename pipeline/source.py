@@ -110,6 +110,18 @@ def read_partition(spec: InputSpec, part: Partition) -> PartitionRows:
     )
 
 
+def read_text(spec: InputSpec, row: int) -> str:
+    """The text of one global row (for showing chunks next to their source)."""
+    start = 0
+    for file in list_files(spec.path):
+        n = _open(file).metadata.num_rows
+        if row < start + n:
+            part = Partition(-1, file, row, row + 1, row - start)
+            return read_partition(spec, part).texts[0] or ""
+        start += n
+    raise InputError(f"row {row} is beyond the end of {spec.path}")
+
+
 def _row_groups_covering(meta: Any, offset: int, n_rows: int) -> tuple[list[int], int]:
     groups, first_row, start = [], None, 0
     for g in range(meta.num_row_groups):
