@@ -37,8 +37,8 @@ def main(verbose: bool) -> None:
     """bertpipe: fixed-size vectors from BERT-family encoders, from Parquet text tables."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    level = logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
 
 
 set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -69,6 +69,7 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
 def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
             scheduler: str | None) -> None:
     """Run a job: read text, encode, pool, write the store."""
+    from .cluster import executor_for
     from .progress import Progress
     from .runner import run_job
     from .spec import load_job
@@ -77,7 +78,8 @@ def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
         overrides = (*overrides, f"execution.scheduler={scheduler}")
     job = load_job(job_file, overrides)
     with Progress() as progress:
-        summary = run_job(job, on_done=progress.partition_done, overwrite=overwrite,
+        summary = run_job(job, executor=executor_for(job, say=progress.message),
+                          on_done=progress.partition_done, overwrite=overwrite,
                           on_plan=progress.start)
     click.echo(summary.line())
     if not summary.already_complete:

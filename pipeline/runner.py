@@ -103,7 +103,10 @@ def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None =
     summary.skipped = len(parts) - len(pending)
     if on_plan:
         on_plan(parts, pending)
-    executor = executor or InProcessExecutor()
+    if executor is None:
+        from .cluster import executor_for
+
+        executor = executor_for(job)
     failures = executor.run(job, pending, staging, fingerprint, _collect(done, on_done))
     summary.run = len(pending) - len(failures)
     summary.failed = [f"partition {p.index} (rows {p.row_start}-{p.row_stop - 1} of "

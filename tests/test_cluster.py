@@ -1,0 +1,153 @@
+"""The cluster path against a real `dask scheduler` and `dask worker` processes on loopback:
+same output as a clean run after a worker is killed mid-job, after the client is killed
+and the job is resumed, and with the scheduler taken from the environment."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+import pipeline
+from pipeline.cli import main
+from tests.conftest import REVIEWS, job_dict, write_job
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+BIN = Path(sys.executable).parent
+VIEWS = {"mean": {"pooling": "mean"}, "cls": {"pooling": "cls"},
+         "l2": {"layers": [2], "pooling": "max"}}
+
+
+@contextlib.contextmanager
+def dask_cluster(tmp: Path, n_workers: int = 2) -> Iterator[tuple[str, list[subprocess.Popen]]]:
+    """A scheduler and `n_workers` single-threaded worker processes (no nanny, so a
+    killed worker stays dead)."""
+    sched_file = tmp / "scheduler.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([BIN / "dask", "scheduler", "--host", "127.0.0.1", "--port", "0",
+                               "--no-dashboard", "--scheduler-file", str(sched_file)],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        _wait_for(sched_file.exists, 30)
+        address = json.loads(sched_file.read_text())["address"]
+        for i in range(n_workers):
+            procs.append(subprocess.Popen(
+                [BIN / "dask", "worker", address, "--nthreads", "1", "--no-nanny",
+                 "--no-dashboard", "--name", f"w{i}"],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        from distributed import Client
+
+        with Client(address, timeout="30s") as client:
+            client.wait_for_workers(n_workers, timeout=60)
+        yield address, procs
+    finally:
+        for p in reversed(procs):
+            p.kill()
+            p.wait()
+
+
+def _wait_for(predicate, timeout: float) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("src") / "reviews.parquet"
+    pq.write_table(pq.read_table(REVIEWS).slice(0, 96), path)
+    return path
+
+
+def make_job(tmp: Path, source: Path, model: Path, name: str, **execution: object) -> Path:
+    job = job_dict(source, model, tmp / f"{name}.zarr", views=VIEWS,
+                   execution={"scheduler": "synchronous", "partition_rows": 8, **execution})
+    return write_job(tmp / f"{name}.yaml", job)
+
+
+def extract(job: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    result = CliRunner(env=env).invoke(main, ["extract", str(job), *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory, source: Path, minilm: Path
+          ) -> dict[str, pipeline.Store]:
+    """Reference stores: an uninterrupted cluster run and an in-process run."""
+    tmp = tmp_path_factory.mktemp("clean")
+    with dask_cluster(tmp) as (address, _):
+        extract(make_job(tmp, source, minilm, "cluster"), "--scheduler", address)
+    extract(make_job(tmp, source, minilm, "inproc", threads_per_worker=1))
+    return {"cluster": pipeline.open_store(tmp / "cluster.zarr"),
+            "inproc": pipeline.open_store(tmp / "inproc.zarr")}
+
+
+def assert_same(store: pipeline.Store, reference: pipeline.Store, exact: bool = True) -> None:
+    for view in VIEWS:
+        got, want = store.vectors(view), reference.vectors(view)
+        if exact:
+            np.testing.assert_array_equal(got, want)
+        else:
+            np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_array_equal(store.docs["id"].values, reference.docs["id"].values)
+
+
+def test_cluster_run_matches_in_process(clean: dict[str, pipeline.Store]) -> None:
+    assert clean["cluster"].provenance["stats"]["partitions"] == 12
+    assert_same(clean["cluster"], clean["inproc"], exact=False)
+
+
+def test_killed_worker_mid_job_gives_identical_store(tmp_path: Path, source: Path,
+                                                     minilm: Path,
+                                                     clean: dict[str, pipeline.Store]) -> None:
+    job = make_job(tmp_path, source, minilm, "killed")
+    parts = tmp_path / "killed.zarr" / "_bertpipe" / "parts"
+    with dask_cluster(tmp_path) as (address, procs):
+        runner = subprocess.Popen([BIN / "bertpipe", "extract", str(job), "--scheduler", address],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        _wait_for(lambda: len(list(parts.glob("*.done.json"))) >= 2, 120)
+        procs[1].send_signal(signal.SIGKILL)  # a worker dies with tasks assigned to it
+        out, _ = runner.communicate(timeout=180)
+        assert runner.returncode == 0, out
+    assert_same(pipeline.open_store(tmp_path / "killed.zarr"), clean["cluster"])
+
+
+def test_killed_client_resumes_to_identical_store(tmp_path: Path, source: Path, minilm: Path,
+                                                  clean: dict[str, pipeline.Store]) -> None:
+    job = make_job(tmp_path, source, minilm, "resumed")
+    parts = tmp_path / "resumed.zarr" / "_bertpipe" / "parts"
+    with dask_cluster(tmp_path) as (address, _):
+        runner = subprocess.Popen([BIN / "bertpipe", "extract", str(job), "--scheduler", address],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_for(lambda: len(list(parts.glob("*.done.json"))) >= 3, 120)
+        runner.send_signal(signal.SIGKILL)
+        runner.wait()
+        with pytest.raises(pipeline.errors.StoreError, match="incomplete"):
+            pipeline.open_store(tmp_path / "resumed.zarr")
+        # the scheduled-job path: the address comes from the environment
+        out = extract(job, env={"DASK_SCHEDULER_ADDRESS": address})
+    assert "resuming:" in out and "skipped 0," not in out
+    assert_same(pipeline.open_store(tmp_path / "resumed.zarr"), clean["cluster"])
+
+
+def test_local_cluster_default(tmp_path: Path, source: Path, minilm: Path,
+                               clean: dict[str, pipeline.Store]) -> None:
+    job = make_job(tmp_path, source, minilm, "local", scheduler="local", workers=2,
+                   threads_per_worker=1)
+    out = extract(job)
+    assert "dask scheduler tcp://127.0.0.1" in out
+    assert_same(pipeline.open_store(tmp_path / "local.zarr"), clean["cluster"])
