@@ -251,6 +251,9 @@ def _check_consistency(job: Job) -> None:
         if v.pooling == "pooler" and (v.layers != (-1,) or v.combine != "none"):
             raise JobError(f"{key}.layers: the pooler is defined on the last layer only; "
                            "drop layers/combine for pooling: pooler")
+    if "://" in job.output.path:
+        raise JobError("output.path: object-store URLs are not supported; use a local or "
+                       "shared-filesystem path that every worker can reach")
     c = job.chunking
     budget = c.max_tokens or job.model.max_tokens
     if c.overlap and c.overlap >= budget // 2:

@@ -143,3 +143,22 @@ def test_bad_overrides(tmp_path: Path, tiny_bert: Path, small_texts: Path, overr
                        fragment: str) -> None:
     path = write_job(tmp_path / "job.yaml", job_dict(small_texts, tiny_bert, tmp_path / "o.zarr"))
     assert_user_error(run("validate", str(path), "--set", override), 2, fragment)
+
+
+def test_failed_partition_is_reported_and_others_kept(tmp_path: Path, tiny_bert: Path) -> None:
+    ids = list(range(20))
+    ids[13] = None  # type: ignore[call-overload]
+    src = write_table(tmp_path / "ids.parquet", {"id": ids, "text": ["good drug"] * 20})
+    job = job_dict(src, tiny_bert, tmp_path / "o.zarr")  # partitions of 8 rows
+    result = extract(tmp_path, job)
+    assert_user_error(result, 6, "1 of 3 partitions failed", "partition 1 (rows 8-15",
+                      "null id", "row 13")
+    parts = sorted(p.name for p in (tmp_path / "o.zarr" / "_bertpipe" / "parts").glob("*.json"))
+    assert parts == ["000000.done.json", "000002.done.json"]
+
+
+def test_object_store_output_is_refused(tmp_path: Path, tiny_bert: Path,
+                                        small_texts: Path) -> None:
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr")
+    job["output"]["path"] = "s3://bucket/out.zarr"
+    assert_user_error(extract(tmp_path, job), 2, "output.path", "not supported")
