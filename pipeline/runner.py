@@ -204,6 +204,7 @@ def build_provenance(job: Job, markers: Sequence[dict[str, Any]], model: dict[st
             "tokens_covered": sum(m["n_covered"] for m in markers),
             "tokens_encoded": sum(m["n_encoded"] for m in markers),
             "partitions": len(markers),
+            "partition_seconds": round(sum(m["seconds"] for m in markers), 3),
         },
         "complete": True,
     }

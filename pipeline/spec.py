@@ -74,7 +74,7 @@ class OutputSpec:
 
 @dataclass(frozen=True)
 class BatchingSpec:
-    max_tokens_per_batch: int = 16384
+    max_tokens_per_batch: int = 4096
     max_batch_size: int = 256
 
 
