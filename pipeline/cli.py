@@ -69,9 +69,8 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
 def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
             scheduler: str | None) -> None:
     """Run a job: read text, encode, pool, write the store."""
-    from .cluster import executor_for
     from .progress import Progress
-    from .runner import run_job
+    from .runner import executor_for, run_job
     from .spec import load_job
 
     if scheduler:

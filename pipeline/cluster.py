@@ -182,15 +182,3 @@ def _wants_gpu(client: Any, job: Job) -> bool:
         raise JobError("model.device: cuda, but no worker of the cluster offers a GPU "
                        "resource (start workers with --resources GPU=1)")
     return has_gpu
-
-
-def executor_for(job: Job, say: Callable[[str], None] = log.info) -> Executor:
-    from .runner import InProcessExecutor
-
-    scheduler = job.execution.scheduler
-    if scheduler == "synchronous":
-        return InProcessExecutor()
-    if scheduler != "local" and "://" not in scheduler:
-        raise JobError(f"execution.scheduler: {scheduler!r} is not local, synchronous or a "
-                       "scheduler address like tcp://host:8786")
-    return DaskExecutor(scheduler, job.execution.workers, job.execution.threads_per_worker, say)

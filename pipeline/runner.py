@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import BertpipeError, InputError, PartitionError, StoreError
+from .errors import BertpipeError, InputError, JobError, PartitionError, StoreError
 from .model import load_config, model_fingerprint
 from .partition import Extractor
 from .source import Partition, plan_partitions
@@ -104,8 +104,6 @@ def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None =
     if on_plan:
         on_plan(parts, pending)
     if executor is None:
-        from .cluster import executor_for
-
         executor = executor_for(job)
     failures = executor.run(job, pending, staging, fingerprint, _collect(done, on_done))
     summary.run = len(pending) - len(failures)
@@ -208,6 +206,19 @@ def build_provenance(job: Job, markers: Sequence[dict[str, Any]], model: dict[st
         },
         "complete": True,
     }
+
+
+def executor_for(job: Job, say: Callable[[str], None] = log.info) -> Executor:
+    """In-process for `synchronous`, else Dask (imported only then: it is slow to import)."""
+    scheduler = job.execution.scheduler
+    if scheduler == "synchronous":
+        return InProcessExecutor()
+    if scheduler != "local" and "://" not in scheduler:
+        raise JobError(f"execution.scheduler: {scheduler!r} is not local, synchronous or a "
+                       "scheduler address like tcp://host:8786")
+    from .cluster import DaskExecutor
+
+    return DaskExecutor(scheduler, job.execution.workers, job.execution.threads_per_worker, say)
 
 
 class Executor:
