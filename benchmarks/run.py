@@ -103,6 +103,7 @@ def count_tokens(source: Path) -> int:
 
     tok = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
     tok.enable_truncation(512)
+    tok.no_padding()  # the model's tokenizer.json pads batches: count real tokens only
     texts = pq.read_table(source, columns=["text"]).column("text").to_pylist()
     return sum(len(enc.ids) for enc in tok.encode_batch(texts))
 

@@ -87,13 +87,101 @@ def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
 
 @main.command()
 @click.argument("store_path", type=click.Path())
+@click.option("--geometry", is_flag=True, help="Anisotropy per view, before and after each "
+              "fix (center, whiten, all-but-the-top).")
+@click.option("--sample", default=2000, show_default=True, help="Random pairs for the mean "
+              "cosine (fixed seed).")
 @_user_errors
-def inspect(store_path: str) -> None:
+def inspect(store_path: str, geometry: bool, sample: int) -> None:
     """Summarise a store: rows, views, coverage, chunks, provenance."""
-    from .inspect import describe
+    from .inspect import describe, describe_geometry
     from .load import open_store
 
-    click.echo(describe(open_store(store_path)))
+    store = open_store(store_path)
+    click.echo(describe(store))
+    if geometry:
+        click.echo(describe_geometry(store, pairs=sample))
+
+
+@main.command()
+@click.argument("store_path", type=click.Path())
+@click.option("--view", required=True, help="The view to fit on.")
+@click.option("--method", required=True, type=click.Choice(["center", "whiten", "abtt"]))
+@click.option("--dims", type=int, default=None, help="whiten: keep this many dimensions.")
+@click.option("-d", "top", type=int, default=1, show_default=True,
+              help="abtt: principal directions to remove.")
+@click.option("--normalize", is_flag=True, help="L2-normalise after the transform.")
+@click.option("--name", default=None, help="Name of the new view (default VIEW_METHOD).")
+@_user_errors
+def postprocess(store_path: str, view: str, method: str, dims: int | None, top: int,
+                normalize: bool, name: str | None) -> None:
+    """Fit a geometry fix on a view and write the result as a new view of the store."""
+    from .postprocess import postprocess as run
+
+    target = run(store_path, view, method, dims=dims, d=top, normalize=normalize, name=name)
+    click.echo(f"wrote view {target!r} ({method} of {view!r}) to {store_path}")
+
+
+@main.command()
+@click.argument("store_path", type=click.Path())
+@click.argument("query", nargs=-1, required=True)
+@click.option("--view", default=None, help="View to search (default: the first).")
+@click.option("-k", default=10, show_default=True)
+@click.option("--chunks", "level", flag_value="chunks", default="docs",
+              help="Search chunk vectors instead of documents.")
+@_user_errors
+def search(store_path: str, query: tuple[str, ...], view: str | None, k: int,
+           level: str) -> None:
+    """Top-k rows of a store for a query text (exact cosine search)."""
+    from .load import open_store
+    from .search import search as run
+    from .search import snippet
+
+    store = open_store(store_path)
+    text = " ".join(query)
+    for rank, hit in enumerate(run(store, [text], view, k, level)[0], 1):
+        where = f" chunk {hit.chunk} [{hit.span[0]}:{hit.span[1]}]" if hit.span else ""
+        click.echo(f"{rank:>3}. {hit.score:.4f}  id {hit.id}{where}  {snippet(store, hit)}")
+
+
+@main.command()
+@click.argument("store_path", type=click.Path())
+@click.option("--label", required=True, help="Label column: a carried column of the store, "
+              "or a column of --labels.")
+@click.option("--labels", "labels_file", type=click.Path(dir_okay=False), default=None,
+              help="A Parquet file of labels, joined to the store on ids.")
+@click.option("--label-column", default=None, help="Label column in --labels (default --label).")
+@click.option("--id-column", default="id", show_default=True, help="Id column in --labels.")
+@click.option("--views", "view_names", default=None,
+              help="Comma-separated views to probe (default: all).")
+@click.option("--layers", is_flag=True, help="Report single-layer views as a layer x pooling "
+              "grid (a sweep store, e.g. from jobs/sweep.yaml).")
+@click.option("--scalar-mix", "scalar_mix", default=None, metavar="POOLING",
+              help="Also learn an ELMo scalar mix over the single-layer views with this pooling.")
+@click.option("--folds", default=5, show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Where probe.json, probe.html and probe.png go (default STORE-probe/).")
+@_user_errors
+def probe(store_path: str, label: str, labels_file: str | None, label_column: str | None,
+          id_column: str, view_names: str | None, layers: bool, scalar_mix: str | None,
+          folds: int, seed: int, out_dir: str | None) -> None:
+    """Linear probes of every view: which layer and pooling carry the label?"""
+    from .load import open_store
+    from .probe import load_labels, run_probe
+    from .probe_report import table, write_outputs
+
+    store = open_store(store_path)
+    labels = load_labels(store, label_column or label, labels_file, id_column).rename(label)
+    views = view_names.split(",") if view_names else None
+    if layers:
+        from .probe import single_layer_views
+
+        views = single_layer_views(store, views)
+    report = run_probe(store, labels, views, folds=folds, seed=seed, scalar_mix=scalar_mix)
+    click.echo(table(report))
+    paths = write_outputs(report, out_dir or f"{store_path.rstrip('/')}-probe")
+    click.echo(f"wrote {paths['json']}, {paths['html']}")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ class Encoder:
     def encode_batch(self, sequences: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:
         ids, mask = self._pad(sequences)  # (B, T)
         with torch.inference_mode():
-            with self._autocast(), self._capture_attention() as capture:
+            with self._capture_attention() as capture:
                 outputs = self.model.module(
                     input_ids=ids, attention_mask=mask,
                     output_hidden_states=self.needs.hidden_states, return_dict=True,
@@ -64,8 +64,7 @@ class Encoder:
                     for v in self.views}
 
     def _pooler(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        module: Any = self.model.module
-        pooler: Callable[[torch.Tensor], torch.Tensor] = module.pooler
+        pooler: Any = self.model.pooler
         return pooler
 
     def _pad(self, sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,12 +83,6 @@ class Encoder:
             hs = outputs.hidden_states
             return {i: hs[i].float() for i in self.needs.layers}
         return {self.needs.blocks_to_run: outputs.last_hidden_state.float()}
-
-    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
-        dtype = self.model.compute_dtype
-        if dtype == torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.model.device.type, dtype=dtype)
 
     @contextlib.contextmanager
     def _capture_attention(self) -> Iterator[Any]:
@@ -135,10 +128,13 @@ class _ClsAttention:
         b, t, hidden = h.shape
         d_head = hidden // self.n_heads
         q0 = torch.nn.functional.linear(h[:, 0], self.q.weight.float(), _f(self.q.bias))
-        keys = torch.nn.functional.linear(h, self.k.weight.float(), _f(self.k.bias))
         q0 = q0.view(b, self.n_heads, d_head)  # (B, nh, dh)
-        keys = keys.view(b, t, self.n_heads, d_head)  # (B, T, nh, dh)
-        scores = torch.einsum("bnd,btnd->bnt", q0, keys) / math.sqrt(d_head)
+        # q0·(W_k h_t + b_k) = (W_kᵀ q0)·h_t + q0·b_k: fold the key projection into the
+        # query (H·nh work per token instead of H·H); the bias term is constant over t and
+        # cancels in the softmax.
+        w_k = self.k.weight.float().view(self.n_heads, d_head, hidden)  # (nh, dh, H)
+        u = torch.einsum("bnd,ndh->bnh", q0, w_k)  # (B, nh, H)
+        scores = torch.einsum("bnh,bth->bnt", u, h) / math.sqrt(d_head)
         scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
         return torch.softmax(scores, dim=-1).mean(1)  # (B, T)
 

@@ -68,3 +68,27 @@ def _chunk_lines(store: Store) -> list[str]:
         lines.append(f"           tokens covered {covered} of {total} ({share:.1f}%); "
                      f"{stats['tokens_encoded']} encoded (special tokens and overlap included)")
     return lines
+
+
+def describe_geometry(store: Store, pairs: int = 2000, seed: int = 0,
+                      max_rows: int = 20000) -> str:
+    """Per view: mean cosine of random pairs, top-PC share, mean norm; raw and after each
+    fix fitted on the same rows (a fixed-seed sample of at most `max_rows`)."""
+    from .geometry import fit, stats
+
+    n = int(store.docs.sizes["doc"])
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.choice(n, size=min(n, max_rows), replace=False))
+    fixes = [("raw", None), ("center", {"method": "center"}),
+             ("whiten", {"method": "whiten"}), ("abtt d=1", {"method": "abtt", "d": 1})]
+    lines = [f"geometry   {len(rows)} rows, mean cosine over {pairs} random pairs (seed {seed})",
+             f"  {'view':<12}{'fix':<10}{'mean cos':>10}{'top PC':>9}{'mean norm':>11}"]
+    for view in store.views:
+        x = np.asarray(store.docs[view].values[rows], dtype=np.float64)
+        x = x[np.isfinite(x).all(axis=1)]
+        for label, params in fixes:
+            y = x if params is None else fit(x, **params).apply(x)
+            s = stats(y, pairs=pairs, seed=seed)
+            lines.append(f"  {view:<12}{label:<10}{s['mean_cosine']:>10.3f}"
+                         f"{s['top_pc_share']:>9.3f}{s['mean_norm']:>11.3f}")
+    return "\n".join(lines)

@@ -33,7 +33,10 @@ class Store:
 
     @property
     def views(self) -> list[str]:
-        return list(self.provenance["job"]["views"])
+        """Extracted views, then views added by `bertpipe postprocess`."""
+        extracted = list(self.provenance["job"]["views"])
+        added = [v for v in self.provenance.get("post", {}) if v not in extracted]
+        return extracted + added
 
     def vectors(self, view: str, level: str = "docs") -> np.ndarray:
         """One view as an in-memory (N, D) array."""
@@ -63,6 +66,16 @@ class Store:
             frame[view] = list(np.asarray(part[view].values))
         return frame
 
+    def search(self, texts: str | list[str], k: int = 10, view: str | None = None,
+               level: str = "docs") -> list[Any]:
+        """Top-k rows for each query text (a list of `Hit` per query; one list for a str),
+        encoded with this store's model, view and post-processing."""
+        from .search import search
+
+        if isinstance(texts, str):
+            return search(self, [texts], view, k, level)[0]
+        return search(self, texts, view, k, level)
+
     def __repr__(self) -> str:
         n = self.docs.sizes.get("doc", 0)
         return f"Store({self.path!r}, format={self.format}, docs={n}, views={self.views})"
@@ -74,14 +87,14 @@ def _input_spec(provenance: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
-def open_store(path: str | Path) -> Store:
+def open_store(path: str | Path, require_complete: bool = True) -> Store:
     """Open a complete bertpipe store (Zarr or Parquet) lazily."""
     path = str(path)
     if not Path(path).exists():
         raise StoreError(f"{path}: no such store")
     module = detect_format(path)
     provenance = module.read_provenance(path) or {}
-    if not provenance.get("complete"):
+    if require_complete and not provenance.get("complete"):
         raise StoreError(f"{path}: store is incomplete (its job has not finished; rerun it "
                          "to resume)")
     docs, chunks = module.open_datasets(path)

@@ -36,12 +36,16 @@ class LoadedModel:
     hidden_size: int
     max_positions: int  # usable positions per sequence, special tokens included
     device: torch.device
-    compute_dtype: torch.dtype  # float32, or the autocast dtype
-    has_pooler: bool
+    compute_dtype: torch.dtype  # the weights' dtype: float32, bfloat16 or float16
+    pooler: torch.nn.Module | None  # the model's own dense+tanh, float32; None if untrained/absent
 
     @property
     def n_special(self) -> int:
         return int(self.tokenizer.num_special_tokens_to_add(pair=False))
+
+    @property
+    def has_pooler(self) -> bool:
+        return self.pooler is not None
 
     def encoder_layers(self) -> torch.nn.ModuleList:
         return encoder_layers(self.module)
@@ -161,7 +165,18 @@ def load_model(
     if keep_layers is not None and keep_layers < n_layers:
         blocks = encoder_layers(module)
         del blocks[keep_layers:]  # why: views need nothing above block k, skip computing it
-    module.eval().to(device)
+    compute_dtype = resolve_dtype(spec.dtype, device)
+    # Half-precision weights rather than autocast: no per-batch weight casts (measured
+    # ~5% faster on a 2-core AVX512-BF16 CPU, cosine to fp32 >= 0.9998). The pooler is
+    # applied to float32 states, so it stays float32.
+    # The pooler is taken out of the forward pass (nothing computes it per batch unless a
+    # view asks) and kept in float32, applied to float32 states by the `pooler` pooling.
+    pooler = getattr(module, "pooler", None) if has_pooler else None
+    if getattr(module, "pooler", None) is not None:
+        module.pooler = None
+    if pooler is not None:
+        pooler = pooler.float().eval().to(device)
+    module.eval().to(device=device, dtype=compute_dtype)
     max_positions = _max_positions(config, tokenizer)
     return LoadedModel(
         tokenizer=tokenizer,
@@ -172,8 +187,8 @@ def load_model(
         hidden_size=int(config.hidden_size),
         max_positions=max_positions,
         device=device,
-        compute_dtype=resolve_dtype(spec.dtype, device),
-        has_pooler=has_pooler,
+        compute_dtype=compute_dtype,
+        pooler=pooler,
     )
 
 

@@ -7,12 +7,11 @@ worker's loaded model, so a retried or resumed task writes the same bits.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
 
-from .chunking import Specials, chunk_partition, content_budget
+from .chunking import ChunkedPartition, Specials, chunk_partition, content_budget
 from .encode import Encoder, aggregate_chunks
 from .model import LoadedModel, load_config, load_model
 from .source import Partition, read_partition
@@ -44,17 +43,24 @@ class Extractor:
         self.budget = content_budget(job.chunking, job.model.max_tokens,
                                      self.model.max_positions, self.specials)
 
-    @cached_property
-    def widths(self) -> dict[str, int]:
-        return {v.name: v.width for v in self.views}
-
-    def run(self, part: Partition) -> PartTables:
-        rows = read_partition(self.job.input, part)
-        chunked = chunk_partition(rows.texts, self.model.tokenizer, self.job.chunking,
+    def encode_texts(self, texts: list[str | None]) -> EncodedTexts:
+        """Chunk, encode and aggregate texts: the whole pipeline minus reading and writing."""
+        chunked = chunk_partition(texts, self.model.tokenizer, self.job.chunking,
                                   self.budget, self.specials)
         chunk_vectors = self.encoder.encode(chunked.chunk_ids, self.job.batching)
         chunk_tokens = chunked.chunk_n_tokens
-        n = part.n_rows
+        doc_vectors = {
+            name: aggregate_chunks(vectors, chunked.chunk_doc, chunk_tokens, len(texts),
+                                   self.job.chunking.aggregate)
+            for name, vectors in chunk_vectors.items()}
+        return EncodedTexts(chunked, chunk_vectors, doc_vectors)
+
+    def run(self, part: Partition) -> PartTables:
+        rows = read_partition(self.job.input, part)
+        encoded = self.encode_texts(rows.texts)
+        chunked = encoded.chunked
+        chunk_tokens = chunked.chunk_n_tokens
+        dtype = self.job.output.dtype
         docs: dict[str, pa.Array] = {
             "row": pa.array(np.arange(part.row_start, part.row_stop, dtype=np.int64)),
             "id": rows.ids,
@@ -63,23 +69,18 @@ class Extractor:
             "truncated": pa.array(chunked.truncated),
             "status": pa.array(chunked.status, pa.string()),
             **rows.carry,
+            **{name: vector_array(v, dtype) for name, v in encoded.docs.items()},
         }
-        for name, vectors in chunk_vectors.items():
-            doc_vectors = aggregate_chunks(vectors, chunked.chunk_doc, chunk_tokens, n,
-                                           self.job.chunking.aggregate)
-            docs[name] = vector_array(doc_vectors, self.job.output.dtype)
         chunks = None
         if "chunks" in self.job.output.levels:
-            cols: dict[str, pa.Array] = {
+            chunks = pa.table({
                 "doc": pa.array(chunked.chunk_doc + part.row_start),
                 "seq": pa.array(chunked.chunk_seq),
                 "start": pa.array(chunked.chunk_start),
                 "end": pa.array(chunked.chunk_end),
                 "n_tokens": pa.array(chunk_tokens),
-            }
-            for name, vectors in chunk_vectors.items():
-                cols[name] = vector_array(vectors, self.job.output.dtype)
-            chunks = pa.table(cols)
+                **{name: vector_array(v, dtype) for name, v in encoded.chunks.items()},
+            })
         stats = {
             "n_chunks": len(chunk_tokens),
             "n_tokens": int(chunked.n_tokens.sum()),
@@ -87,6 +88,13 @@ class Extractor:
             "n_encoded": int(chunk_tokens.sum()),  # special tokens and overlap included
         }
         return PartTables(pa.table(docs), chunks, stats)
+
+
+@dataclass
+class EncodedTexts:
+    chunked: ChunkedPartition
+    chunks: dict[str, np.ndarray]  # view -> (M, D)
+    docs: dict[str, np.ndarray]  # view -> (N, D), NaN rows for empty texts
 
 
 def vector_array(vectors: np.ndarray, dtype: str) -> pa.FixedSizeListArray:

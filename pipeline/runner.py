@@ -176,7 +176,17 @@ def commit_store(job: Job, staging: Staging, parts: Sequence[Partition],
         has_chunks="chunks" in job.output.levels,
     )
     provenance = build_provenance(job, markers, model, fingerprint)
-    format_module(job.output.format).commit(job.output.path, staging, layout, provenance)
+    fmt = format_module(job.output.format)
+    post_views = [v for v in job.views if v.post]
+    fmt.commit(job.output.path, staging, layout, {**provenance, "complete": not post_views})
+    if post_views:
+        from .postprocess import postprocess
+
+        for view in post_views:
+            assert view.post is not None
+            postprocess(job.output.path, view.name, replace=True, **view.post)
+        final = fmt.read_provenance(job.output.path) or provenance
+        fmt.update_provenance(job.output.path, {**final, "complete": True})
     staging.remove()
 
 

@@ -61,6 +61,7 @@ class ViewSpec:
     weights: tuple[float, ...] | None = None
     gamma: float = 1.0
     normalize: bool = False
+    post: dict[str, Any] | None = None  # {method, dims, d, normalize}: fitted at job end
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class OutputSpec:
 
 @dataclass(frozen=True)
 class BatchingSpec:
-    max_tokens_per_batch: int = 4096
+    max_tokens_per_batch: int = 2048
     max_batch_size: int = 256
 
 
@@ -100,8 +101,7 @@ class Job:
     def to_dict(self) -> dict[str, Any]:
         """The job as a plain dict in the job-file shape (views keyed by name)."""
         raw = asdict(self)
-        raw["views"] = {v.pop("name"): {k: x for k, x in v.items() if x is not None}
-                        for v in raw["views"]}
+        raw["views"] = {v.pop("name"): _without_none(v) for v in raw["views"]}
         return _lists_for_tuples(raw)
 
     @classmethod
@@ -230,7 +230,16 @@ def _view_from_dict(name: str, body: dict[str, Any]) -> ViewSpec:
         weights=tuple(float(w) for w in weights) if weights is not None else None,
         gamma=float(body.get("gamma", 1.0)),
         normalize=bool(body.get("normalize", False)),
+        post=_post_from(body.get("post")),
     )
+
+
+def _post_from(raw: str | dict[str, Any] | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    body = {"method": raw} if isinstance(raw, str) else dict(raw)
+    return {"method": body["method"], "dims": body.get("dims"), "d": int(body.get("d", 1)),
+            "normalize": bool(body.get("normalize", False))}
 
 
 def _check_consistency(job: Job) -> None:
@@ -275,6 +284,12 @@ def _model_path(path: str, base: Path) -> str:
     if candidate.exists() or path.startswith((".", "/", "~")) or path.count("/") > 1:
         return str(candidate.resolve())
     return path
+
+
+def _without_none(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _without_none(v) for k, v in obj.items() if v is not None}
+    return obj
 
 
 def _lists_for_tuples(obj: Any) -> Any:

@@ -117,3 +117,18 @@ def test_batch_invariance(minilm: Path, texts: list[str], tmp_path: Path) -> Non
     together = ex.encoder.encode_batch(ids)
     for name in VIEWS:
         np.testing.assert_allclose(together[name][short], alone[name][0], atol=1e-5)
+
+
+def test_bfloat16_agrees_with_float32(minilm: Path, texts: list[str], tmp_path: Path,
+                                      store: pipeline.Store) -> None:
+    """dtype bfloat16 (half-precision weights, float32 pooling) stays within cosine 0.999."""
+    from pipeline.partition import Extractor
+    from pipeline.spec import Job
+
+    raw = job_dict(tmp_path / "x.parquet", minilm, tmp_path / "o.zarr", views=VIEWS,
+                   model={"path": str(minilm), "dtype": "bfloat16", "device": "cpu"})
+    ex = Extractor(Job.from_dict(raw))
+    assert ex.model.compute_dtype == torch.bfloat16
+    got = ex.encode_texts(list(texts)).docs
+    for view in VIEWS:
+        assert cosine(got[view], store.vectors(view)).min() > 0.999, view

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +124,55 @@ def _read_block(file: str, group: int, column: str) -> np.ndarray:
     if pa.types.is_fixed_size_list(col.type):
         return column_matrix(col)
     return col.to_numpy()
+
+
+def add_view(path: str, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
+             levels: Sequence[str]) -> None:
+    """Rewrite each level's file with column `name` = fn(`source`), row group by row group.
+
+    `docs.parquet` is rewritten last by `update_provenance`, which also records the view.
+    """
+    for level in levels:
+        file = Path(path) / f"{level}.parquet"
+        _write(file, _with_column(file, source, name, fn), _metadata(file))
+
+
+def _with_column(file: Path, source: str, name: str,
+                 fn: Callable[[np.ndarray], np.ndarray]) -> Iterator[pa.Table]:
+    pf = pq.ParquetFile(file)
+    for g in range(pf.num_row_groups):
+        table = pf.read_row_group(g)
+        src = table.column(source)
+        dtype = np.dtype(src.type.value_type.to_pandas_dtype())
+        values = fn(column_matrix(src).astype(np.float64)).astype(dtype)
+        column = pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)),
+                                                   values.shape[1])
+        if name in table.column_names:
+            table = table.set_column(table.column_names.index(name), name, column)
+        else:
+            table = table.append_column(name, column)
+        yield table
+
+
+def _metadata(file: Path) -> dict[str, Any] | None:
+    raw = (pq.read_schema(file).metadata or {}).get(METADATA_KEY)
+    return json.loads(raw) if raw else None
+
+
+def write_params(path: str, name: str, params: dict[str, np.ndarray]) -> None:
+    folder = Path(path) / "post"
+    folder.mkdir(exist_ok=True)
+    tmp = folder / f".{name}.{uuid.uuid4().hex}.npz"
+    np.savez(tmp, **params)  # type: ignore[arg-type]  # numpy stubs miss **kwargs arrays
+    os.replace(tmp, folder / f"{name}.npz")
+
+
+def read_params(path: str, name: str) -> dict[str, np.ndarray]:
+    with np.load(Path(path) / "post" / f"{name}.npz") as data:
+        return {key: data[key] for key in data.files}
+
+
+def update_provenance(path: str, provenance: dict[str, Any]) -> None:
+    file = Path(path) / "docs.parquet"
+    pf = pq.ParquetFile(file)
+    _write(file, (pf.read_row_group(g) for g in range(pf.num_row_groups)), provenance)

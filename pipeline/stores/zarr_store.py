@@ -7,8 +7,10 @@ metadata is consolidated last.
 
 from __future__ import annotations
 
+import os
+import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +55,7 @@ def commit(path: str, staging: Staging, layout: Layout, provenance: dict[str, An
         if layout.has_chunks:
             _write_level(root, "chunks", staging.read_parts("chunks", layout.indices),
                          layout.n_chunks)
-        root.update_attributes({"bertpipe": provenance})
-        zarr.consolidate_metadata(path)
+    update_provenance(path, provenance)
 
 
 def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int) -> None:
@@ -96,6 +97,8 @@ def open_datasets(path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
     root = zarr.open_group(path, mode="r")
     ids = root["ids"]
     docs = _dataset(root["docs"], coords={"id": ("doc", da.from_zarr(ids))})
+    # views being written by postprocess live under a temporary dot-name until done
+    docs = docs.drop_vars([v for v in docs.data_vars if str(v).startswith(".")])
     chunks = _dataset(root["chunks"], {}) if "chunks" in root else None
     return docs, chunks
 
@@ -107,3 +110,58 @@ def _dataset(group: Any, coords: dict[str, Any]) -> xr.Dataset:
         variables[name] = (dims, da.from_zarr(array))
     return xr.Dataset(variables, coords=coords)
 
+
+
+def add_view(path: str, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
+             levels: Sequence[str]) -> None:
+    """Write `name` = fn(`source`) block by block at each level, beside the source.
+
+    Written under a temporary name and moved into place, so replacing a view in place
+    never reads and writes the same array; the caller updates the provenance last.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        root: Any = zarr.open_group(path, mode="a")
+        for level in levels:
+            group = root[level]
+            src = group[source]
+            n = src.shape[0]
+            tmp_name = f".{name}.tmp"
+            out: Any = None
+            for start in range(0, n, ROWS_PER_CHUNK):
+                block = fn(np.asarray(src[start : start + ROWS_PER_CHUNK], dtype=np.float64))
+                block = block.astype(src.dtype)
+                if out is None:
+                    out = group.create_array(
+                        tmp_name, shape=(n, block.shape[1]), dtype=src.dtype,
+                        chunks=(min(ROWS_PER_CHUNK, max(n, 1)), block.shape[1]),
+                        compressors=COMPRESSOR, dimension_names=(src.metadata.dimension_names[0],
+                                                                 f"{name}_dim"),
+                        overwrite=True)
+                out[start : start + len(block)] = block
+            level_dir = Path(path) / level
+            shutil.rmtree(level_dir / name, ignore_errors=True)
+            os.replace(level_dir / tmp_name, level_dir / name)
+
+
+def write_params(path: str, name: str, params: dict[str, np.ndarray]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        group: Any = zarr.open_group(path, mode="a").require_group("post").require_group(name)
+        for key, value in params.items():
+            dims = tuple(f"{name}_{key}_{i}" for i in range(value.ndim))
+            group.create_array(key, shape=value.shape, dtype=value.dtype, overwrite=True,
+                               dimension_names=dims)[...] = value
+
+
+def read_params(path: str, name: str) -> dict[str, np.ndarray]:
+    root: Any = zarr.open_group(path, mode="r")
+    group = root["post"][name]
+    return {key: np.asarray(array[...]) for key, array in group.arrays()}
+
+
+def update_provenance(path: str, provenance: dict[str, Any]) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.open_group(path, mode="a").update_attributes({"bertpipe": provenance})
+        zarr.consolidate_metadata(path)

@@ -1,0 +1,350 @@
+"""Linear probes on frozen features: which view (layer × pooling) carries the label?
+
+For each view: standardised features → logistic regression (classification) or ridge
+(numeric labels), stratified k-fold with a fixed seed; mean and spread across folds, next
+to the majority-class (or mean-value) baseline. `scalar_mix` learns ELMo weights
+
+    x = γ · Σ_k softmax(s)_k x_k        (x_k = the pooled features of layer k)
+
+jointly with a linear head. For poolings that are linear in the token states (mean, cls,
+attention, last) this equals pooling the mixed hidden states, so the learned (s, γ) can be
+pasted into a job as a `scalar_mix` view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .errors import BertpipeError
+from .load import Store
+
+LINEAR_POOLINGS = ("mean", "cls", "attention", "last")
+
+
+class ProbeError(BertpipeError):
+    exit_code = 3
+
+
+@dataclass
+class ProbeResult:
+    view: str
+    layer: int | None  # single-layer views: absolute hidden-state index
+    pooling: str
+    metrics: dict[str, float]  # e.g. accuracy, accuracy_std, macro_f1, macro_f1_std
+
+
+@dataclass
+class MixResult:
+    pooling: str
+    weights: list[float]  # s: raw scalar-mix parameters, one per layer 0..L
+    gamma: float
+    metrics: dict[str, float]
+
+    @property
+    def softmax(self) -> list[float]:
+        s = np.asarray(self.weights)
+        e = np.exp(s - s.max())
+        return (e / e.sum()).tolist()
+
+    def view_block(self, name: str = "probe_mix") -> str:
+        weights = ", ".join(f"{w:.4f}" for w in self.weights)
+        return (f"{name}: {{layers: all, combine: scalar_mix, weights: [{weights}], "
+                f"gamma: {self.gamma:.4f}, pooling: {self.pooling}}}")
+
+
+@dataclass
+class ProbeReport:
+    task: str  # classification | regression
+    label: str
+    n_rows: int
+    n_folds: int
+    seed: int
+    baseline: dict[str, float]
+    results: list[ProbeResult]
+    mix: MixResult | None = None
+    classes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def score_key(self) -> str:
+        return "accuracy" if self.task == "classification" else "r2"
+
+    def best(self) -> ProbeResult:
+        return max(self.results, key=lambda r: r.metrics[self.score_key])
+
+    def recommendation(self) -> str:
+        best = self.best()
+        key = self.score_key
+        runner_up = sorted(self.results, key=lambda r: -r.metrics[key])[1:2]
+        margin = ""
+        if runner_up:
+            gap = best.metrics[key] - runner_up[0].metrics[key]
+            within = gap < best.metrics[f"{key}_std"]
+            margin = (f", {gap:+.3f} over {runner_up[0].view}"
+                      + (" (within one fold standard deviation)" if within else ""))
+        return (f"Use view {best.view!r} ({best.pooling}"
+                + (f", layer {best.layer}" if best.layer is not None else "")
+                + f"): {key} {best.metrics[key]:.3f} ± {best.metrics[key + '_std']:.3f} "
+                f"vs baseline {self.baseline[key]:.3f}{margin}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["recommendation"] = self.recommendation()
+        if self.mix is not None:
+            out["mix"]["softmax"] = self.mix.softmax
+            out["mix"]["view_block"] = self.mix.view_block()
+        return out
+
+
+def load_labels(store: Store, label: str, labels_file: str | None = None,
+                id_column: str | None = None) -> pd.Series:
+    """The label per store row (index = row), from a carried column or a joined file."""
+    if labels_file is None:
+        if label not in store.docs:
+            carried = store.provenance["job"]["input"].get("carry_columns", [])
+            raise ProbeError(f"--label: {label!r} is not a carried column of the store "
+                             f"(carried: {', '.join(carried) or 'none'}); or pass --labels FILE")
+        return pd.Series(np.asarray(store.docs[label].values))
+    table = pd.read_parquet(labels_file)
+    key = id_column or "id"
+    for col in (key, label):
+        if col not in table.columns:
+            raise ProbeError(f"{labels_file}: column {col!r} not found "
+                             f"(columns: {', '.join(map(str, table.columns))})")
+    ids = pd.Series(np.asarray(store.docs["id"].values))
+    mapping = table.drop_duplicates(key).set_index(key)[label]
+    joined = ids.map(mapping)
+    if joined.isna().all():
+        raise ProbeError(f"{labels_file}: no {key!r} matches the store's ids "
+                         f"(store ids look like {ids.iloc[0]!r}, file ids like "
+                         f"{table[key].iloc[0]!r})")
+    return joined
+
+
+def run_probe(store: Store, labels: pd.Series, views: Sequence[str] | None = None,
+              folds: int = 5, seed: int = 0, scalar_mix: str | None = None) -> ProbeReport:
+    ok = (np.asarray(store.docs["status"].values) == "ok") & labels.notna().to_numpy()
+    y_raw = labels.to_numpy()[ok]
+    task = "regression" if _is_numeric(y_raw) else "classification"
+    y, classes = _encode_labels(y_raw, task, folds)
+    names = list(views or store.views)
+    results = []
+    for name in names:
+        x = store.vectors(name)[ok].astype(np.float64)
+        layer, pooling = _view_layer_pooling(store, name)
+        results.append(ProbeResult(name, layer, pooling, _cross_validate(x, y, task, folds,
+                                                                         seed)))
+    report = ProbeReport(task, str(labels.name or "label"), int(ok.sum()), folds, seed,
+                         _baseline(y, task), results, classes=classes)
+    if scalar_mix:
+        report.mix = learn_scalar_mix(store, ok, y, task, scalar_mix, folds, seed)
+    return report
+
+
+def _is_numeric(y: np.ndarray) -> bool:
+    return np.issubdtype(np.asarray(y).dtype, np.number) and len(np.unique(y)) > 10
+
+
+def _encode_labels(y: np.ndarray, task: str, folds: int) -> tuple[np.ndarray, dict[str, int]]:
+    if task == "regression":
+        y = y.astype(np.float64)
+        if np.ptp(y) == 0:
+            raise ProbeError("label is constant: nothing to probe")
+        return y, {}
+    values, codes, counts = np.unique(y.astype(str), return_inverse=True, return_counts=True)
+    if len(values) < 2:
+        raise ProbeError(f"label is constant ({values[0]!r} for every row): nothing to probe")
+    if counts.min() < 2:
+        rare = values[counts.argmin()]
+        raise ProbeError(f"label class {rare!r} has {counts.min()} example; every class needs "
+                         "at least 2 (and ideally one per fold)")
+    return codes, {str(v): int(c) for v, c in zip(values, counts, strict=True)}
+
+
+def _view_layer_pooling(store: Store, name: str) -> tuple[int | None, str]:
+    spec = store.provenance["job"]["views"][name]
+    layers = spec.get("layers", [-1])
+    n_layers = int(store.provenance["model"]["config"].get("num_hidden_layers", 0)
+                   or store.provenance["model"]["config"].get("n_layers", 0))
+    if spec["pooling"] == "pooler":
+        return n_layers, "pooler"
+    if isinstance(layers, list) and len(layers) == 1:
+        i = layers[0]
+        return (i + n_layers + 1 if i < 0 else i), spec["pooling"]
+    return None, spec["pooling"]
+
+
+def _splits(y: np.ndarray, task: str, folds: int, seed: int) -> list[tuple[np.ndarray,
+                                                                          np.ndarray]]:
+    from sklearn.model_selection import KFold, StratifiedKFold
+
+    if task == "classification":
+        k = min(folds, int(np.bincount(y).min()))
+        splitter: Any = StratifiedKFold(max(k, 2), shuffle=True, random_state=seed)
+    else:
+        splitter = KFold(folds, shuffle=True, random_state=seed)
+    return list(splitter.split(np.zeros(len(y)), y))
+
+
+def _cross_validate(x: np.ndarray, y: np.ndarray, task: str, folds: int, seed: int
+                    ) -> dict[str, float]:
+    from scipy.stats import spearmanr
+    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.metrics import accuracy_score, f1_score, r2_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    scores: dict[str, list[float]] = {}
+    for train, test in _splits(y, task, folds, seed):
+        if task == "classification":
+            model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, C=1.0))
+            model.fit(x[train], y[train])
+            pred = model.predict(x[test])
+            fold = {"accuracy": accuracy_score(y[test], pred),
+                    "macro_f1": f1_score(y[test], pred, average="macro")}
+        else:
+            model = make_pipeline(StandardScaler(), Ridge(alpha=1.0))
+            model.fit(x[train], y[train])
+            pred = model.predict(x[test])
+            fold = {"r2": r2_score(y[test], pred),
+                    "spearman": float(spearmanr(y[test], pred).statistic)}
+        for k, v in fold.items():
+            scores.setdefault(k, []).append(float(v))
+    return _summarise(scores)
+
+
+def _summarise(scores: dict[str, list[float]]) -> dict[str, float]:
+    out = {}
+    for k, values in scores.items():
+        out[k] = float(np.mean(values))
+        out[f"{k}_std"] = float(np.std(values))
+    return out
+
+
+def _baseline(y: np.ndarray, task: str) -> dict[str, float]:
+    if task == "classification":
+        majority = np.bincount(y).argmax()
+        acc = float((y == majority).mean())
+        # macro-F1 of always predicting the majority: F1 of that class / number of classes
+        f1_major = 2 * acc / (1 + acc)
+        return {"accuracy": acc, "accuracy_std": 0.0,
+                "macro_f1": f1_major / len(np.unique(y)), "macro_f1_std": 0.0}
+    return {"r2": 0.0, "r2_std": 0.0, "spearman": 0.0, "spearman_std": 0.0}
+
+
+def single_layer_views(store: Store, names: Sequence[str] | None = None) -> list[str]:
+    """The views that read exactly one hidden state (the layer x pooling grid)."""
+    chosen = [n for n in (names or store.views) if _view_layer_pooling(store, n)[0] is not None]
+    if not chosen:
+        raise ProbeError("--layers: the store has no single-layer views; extract a sweep "
+                         "(jobs/sweep.yaml) first")
+    return chosen
+
+
+# ---- scalar mix ----------------------------------------------------------------------
+
+def layer_views(store: Store, pooling: str) -> list[str]:
+    """Single-layer views with `pooling` covering every hidden state 0..L, in layer order."""
+    found: dict[int, str] = {}
+    for name in store.views:
+        layer, pool = _view_layer_pooling(store, name)
+        spec = store.provenance["job"]["views"][name]
+        if layer is not None and pool == pooling and spec.get("combine", "none") == "none" \
+                and not spec.get("normalize"):
+            found.setdefault(layer, name)
+    n_layers = max(found, default=-1)
+    missing = [i for i in range(n_layers + 1) if i not in found]
+    if not found or missing:
+        raise ProbeError(f"--scalar-mix {pooling}: needs one single-layer {pooling} view per "
+                         f"hidden state 0..L (missing layers {missing or 'all'}); extract "
+                         "them with a sweep job such as jobs/sweep.yaml")
+    return [found[i] for i in range(n_layers + 1)]
+
+
+def learn_scalar_mix(store: Store, ok: np.ndarray, y: np.ndarray, task: str, pooling: str,
+                     folds: int, seed: int) -> MixResult:
+    if pooling not in LINEAR_POOLINGS:
+        raise ProbeError(f"--scalar-mix: pooling {pooling!r} is not linear in the token "
+                         f"states, so a mix of pooled layers is not a scalar_mix view; use "
+                         f"one of {', '.join(LINEAR_POOLINGS)}")
+    names = layer_views(store, pooling)
+    x = np.stack([store.vectors(n)[ok] for n in names]).astype(np.float32)  # (K, N, H)
+    scores: dict[str, list[float]] = {}
+    for train, test in _splits(y, task, folds, seed):
+        model = _fit_mix(x[:, train], y[train], task, seed)
+        fold = model.score(x[:, test], y[test])
+        for k, v in fold.items():
+            scores.setdefault(k, []).append(v)
+    final = _fit_mix(x, y, task, seed)
+    return MixResult(pooling, final.s.tolist(), float(final.gamma), _summarise(scores))
+
+
+@dataclass
+class _MixModel:
+    s: np.ndarray
+    gamma: float
+    head: Any  # fitted sklearn pipeline on the mixed features
+    task: str
+
+    def mixed(self, x: np.ndarray) -> np.ndarray:
+        w = np.exp(self.s - self.s.max())
+        w /= w.sum()
+        return self.gamma * np.einsum("k,knh->nh", w, x)
+
+    def score(self, x: np.ndarray, y: np.ndarray) -> dict[str, float]:
+        from sklearn.metrics import accuracy_score, f1_score, r2_score
+
+        pred = self.head.predict(self.mixed(x))
+        if self.task == "classification":
+            return {"accuracy": float(accuracy_score(y, pred)),
+                    "macro_f1": float(f1_score(y, pred, average="macro"))}
+        return {"r2": float(r2_score(y, pred))}
+
+
+def _fit_mix(x: np.ndarray, y: np.ndarray, task: str, seed: int, epochs: int = 300
+             ) -> _MixModel:
+    """Learn s and a linear head jointly (Adam, full batch, features standardised with one
+    mean/std shared by all layers, which commutes with the mix because Σ softmax(s) = 1),
+    then refit the head alone as the usual standardised linear probe on the mixed features."""
+    import torch
+    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    torch.manual_seed(seed)
+    xt = torch.from_numpy(x)  # (K, N, H)
+    # standardise per feature on the pooled statistics of all layers, so the mix weights
+    # are not fighting scale differences between the embedding output and upper layers
+    mu = xt.mean(dim=(0, 1), keepdim=True)
+    sd = xt.std(dim=(0, 1), keepdim=True).clamp(min=1e-6)
+    xn = (xt - mu) / sd
+    k, _, h = xn.shape
+    n_out = int(y.max()) + 1 if task == "classification" else 1
+    s = torch.zeros(k, requires_grad=True)
+    head = torch.nn.Linear(h, n_out)
+    opt = torch.optim.Adam([s, *head.parameters()], lr=0.02)
+    target = torch.from_numpy(y).long() if task == "classification" else \
+        torch.from_numpy(y).float()
+    for _ in range(epochs):
+        opt.zero_grad()
+        mixed = torch.einsum("k,knh->nh", torch.softmax(s, 0), xn)
+        out = head(mixed)
+        if task == "classification":
+            loss = torch.nn.functional.cross_entropy(out, target)
+        else:
+            loss = torch.nn.functional.mse_loss(out[:, 0], target)
+        loss = loss + 1e-3 * head.weight.pow(2).sum()
+        loss.backward()
+        opt.step()
+    s_np = s.detach().numpy().astype(np.float64)
+    # γ is one global scale: a standardised linear head absorbs it, so it is not
+    # identifiable from a probe and is reported as 1.0
+    gamma = 1.0
+    probe = LogisticRegression(max_iter=2000) if task == "classification" else Ridge(alpha=1.0)
+    model = _MixModel(s_np, gamma, make_pipeline(StandardScaler(), probe), task)
+    model.head.fit(model.mixed(x), y)
+    return model

@@ -1,0 +1,129 @@
+"""Probe output: a terminal table, a JSON file, and a self-contained HTML report."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .probe import ProbeReport, ProbeResult
+
+
+def table(report: ProbeReport) -> str:
+    key = report.score_key
+    second = "macro_f1" if report.task == "classification" else "spearman"
+    lines = [f"{report.task} probe of {report.label!r}: {report.n_rows} rows, "
+             f"{report.n_folds}-fold CV, seed {report.seed}",
+             f"{'view':<16}{'layer':>6}  {'pooling':<10}{key:>16}{second:>18}"]
+    rows = sorted(report.results, key=lambda r: -r.metrics[key])
+    for r in rows:
+        layer = "" if r.layer is None else str(r.layer)
+        lines.append(f"{r.view:<16}{layer:>6}  {r.pooling:<10}"
+                     f"{_pm(r.metrics, key):>16}{_pm(r.metrics, second):>18}")
+    lines.append(f"{'baseline':<16}{'':>6}  {'majority' if key == 'accuracy' else 'mean':<10}"
+                 f"{report.baseline[key]:>16.3f}{report.baseline[second]:>18.3f}")
+    if report.mix is not None:
+        mix = report.mix
+        lines.append(f"scalar mix ({mix.pooling}): {_pm(mix.metrics, key)} {key}; softmax "
+                     "weights " + ", ".join(f"L{i} {w:.2f}" for i, w in enumerate(mix.softmax)))
+        lines.append("  paste into a job's views:  " + mix.view_block())
+    lines.append(report.recommendation())
+    return "\n".join(lines)
+
+
+def _pm(metrics: dict[str, float], key: str) -> str:
+    return f"{metrics[key]:.3f} ± {metrics[key + '_std']:.3f}" if key in metrics else ""
+
+
+def write_outputs(report: ProbeReport, out_dir: str | Path) -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "probe.json", "html": out / "probe.html", "png": out / "probe.png"}
+    paths["json"].write_text(json.dumps(report.to_dict(), indent=1))
+    png = plot(report)
+    paths["png"].write_bytes(png)
+    paths["html"].write_text(render_html(report, png))
+    return paths
+
+
+def plot(report: ProbeReport) -> bytes:
+    """Score by layer for each pooling (error bars = fold std), and the mix weights."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = report.score_key
+    panels = 2 if report.mix is not None else 1
+    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.2), squeeze=False)
+    ax = axes[0][0]
+    by_pooling: dict[str, list[ProbeResult]] = {}
+    for r in report.results:
+        if r.layer is not None:
+            by_pooling.setdefault(r.pooling, []).append(r)
+    for pooling, results in sorted(by_pooling.items()):
+        results.sort(key=lambda r: r.layer or 0)
+        ax.errorbar([r.layer for r in results], [r.metrics[key] for r in results],
+                    yerr=[r.metrics[f"{key}_std"] for r in results], marker="o", capsize=3,
+                    label=pooling)
+    others = [r for r in report.results if r.layer is None]
+    for r in others:
+        ax.axhline(r.metrics[key], linestyle=":", linewidth=1, label=f"{r.view} (multi-layer)")
+    ax.axhline(report.baseline[key], color="grey", linestyle="--", label="baseline")
+    ax.set_xlabel("layer (0 = embeddings)")
+    ax.set_ylabel(f"{key} ({report.n_folds}-fold CV)")
+    ax.set_title(f"Linear probe of {report.label!r} by layer and pooling")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    if report.mix is not None:
+        ax2 = axes[0][1]
+        w = np.asarray(report.mix.softmax)
+        ax2.bar(range(len(w)), w, color="tab:purple")
+        ax2.set_xlabel("layer")
+        ax2.set_ylabel("softmax(s)")
+        ax2.set_title(f"Learned scalar mix ({report.mix.pooling}): "
+                      f"{key} {report.mix.metrics[key]:.3f}")
+        ax2.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def render_html(report: ProbeReport, png: bytes) -> str:
+    img = base64.b64encode(png).decode()
+    rows = "".join(
+        f"<tr><td>{html.escape(r.view)}</td><td>{'' if r.layer is None else r.layer}</td>"
+        f"<td>{r.pooling}</td>"
+        + "".join(f"<td>{_pm(r.metrics, k)}</td>" for k in _metric_keys(report)) + "</tr>"
+        for r in sorted(report.results, key=lambda r: -r.metrics[report.score_key]))
+    mix = ""
+    if report.mix is not None:
+        mix = (f"<h2>Scalar mix</h2><p>Learned over {len(report.mix.weights)} layers with "
+               f"{report.mix.pooling} pooling: {_pm(report.mix.metrics, report.score_key)} "
+               f"{report.score_key}.</p><pre>{html.escape(report.mix.view_block())}</pre>")
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>bertpipe probe: {html.escape(report.label)}</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}
+table{{border-collapse:collapse}}td,th{{padding:4px 10px;border-bottom:1px solid #ddd}}
+.rec{{background:#eef6ee;padding:.8em;border-left:4px solid #393}}</style></head><body>
+<h1>Linear probe: {html.escape(report.label)}</h1>
+<p class="rec">{html.escape(report.recommendation())}</p>
+<p>{report.task}, {report.n_rows} rows, {report.n_folds}-fold cross-validation, seed
+{report.seed}; standardised features, {'logistic regression' if report.task ==
+'classification' else 'ridge regression'}. Baseline:
+{report.baseline[report.score_key]:.3f} {report.score_key}.</p>
+<img alt="probe scores by layer" src="data:image/png;base64,{img}">
+<table><tr><th>view</th><th>layer</th><th>pooling</th>
+{''.join(f'<th>{k}</th>' for k in _metric_keys(report))}</tr>{rows}</table>
+{mix}</body></html>
+"""
+
+
+def _metric_keys(report: ProbeReport) -> list[str]:
+    return ["accuracy", "macro_f1"] if report.task == "classification" else ["r2", "spearman"]

@@ -1,0 +1,129 @@
+"""Similarity search over a store: queries encoded exactly as the store's rows were.
+
+The query goes through the same model, chunking, view and post-processing recorded in
+the store's provenance. Exact search streams the store in row blocks (bounded memory) and
+keeps a running top-k per query; cosine similarity throughout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .errors import StoreError
+from .load import Store
+from .model import model_fingerprint
+from .postprocess import load_transform, source_view
+from .source import read_text
+from .spec import InputSpec, Job
+
+BLOCK_ROWS = 65536
+
+
+@dataclass(frozen=True)
+class Hit:
+    row: int  # document row
+    id: object
+    score: float
+    chunk: int | None = None  # chunk index when searching chunks
+    span: tuple[int, int] | None = None  # character span of the chunk
+
+
+class QueryEncoder:
+    """Encodes texts into a store's view: its job, model and post-processing."""
+
+    def __init__(self, store: Store, view: str):
+        from .partition import Extractor
+
+        if view not in store.views:
+            raise StoreError(f"--view: {view!r} is not a view of {store.path}; views: "
+                             f"{', '.join(store.views)}")
+        job = Job.from_dict(store.provenance["job"])
+        source = source_view(store, view)
+        recorded = store.provenance["model"]["weights_sha256"]
+        if model_fingerprint(job.model.path)["weights_sha256"] != recorded:
+            raise StoreError(f"model.path: the weights at {job.model.path} differ from those "
+                             f"that made {store.path}; queries would not be comparable")
+        job = replace(job, views=(job.view(source),),
+                      execution=replace(job.execution, scheduler="synchronous"))
+        self.source = source
+        self.transform = load_transform(store, view)
+        self.extractor = Extractor(job)
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        vectors = self.extractor.encode_texts(list(texts)).docs[self.source]
+        return self.transform.apply(vectors) if self.transform else vectors
+
+
+def top_k(store: Store, queries: np.ndarray, view: str, k: int = 10,
+          level: str = "docs") -> list[list[Hit]]:
+    """Exact cosine top-k for each query row over `view` at `level`, streamed in blocks."""
+    data = store.docs if level == "docs" else store.chunks
+    if data is None:
+        raise StoreError(f"{store.path}: chunk vectors were not stored (output.levels)")
+    array = data[view].data
+    q = _unit(np.asarray(queries, dtype=np.float64))  # (Q, D)
+    best_scores = np.full((len(q), 0), -np.inf)
+    best_rows = np.zeros((len(q), 0), dtype=np.int64)
+    for start in range(0, array.shape[0], BLOCK_ROWS):
+        block = _unit(np.asarray(array[start : start + BLOCK_ROWS], dtype=np.float64))
+        scores = np.nan_to_num(q @ block.T, nan=-np.inf)  # (Q, B): empty rows never match
+        rows = np.broadcast_to(np.arange(start, start + len(block)), scores.shape)
+        best_scores = np.concatenate([best_scores, scores], axis=1)
+        best_rows = np.concatenate([best_rows, rows], axis=1)
+        if best_scores.shape[1] > k:
+            keep = np.argpartition(-best_scores, k - 1, axis=1)[:, :k]
+            best_scores = np.take_along_axis(best_scores, keep, axis=1)
+            best_rows = np.take_along_axis(best_rows, keep, axis=1)
+    order = np.argsort(-best_scores, axis=1, kind="stable")
+    best_scores = np.take_along_axis(best_scores, order, axis=1)
+    best_rows = np.take_along_axis(best_rows, order, axis=1)
+    return [_hits(store, rows, scores, level) for rows, scores in zip(best_rows, best_scores,
+                                                                       strict=True)]
+
+
+def search(store: Store, texts: Sequence[str], view: str | None = None, k: int = 10,
+           level: str = "docs") -> list[list[Hit]]:
+    view = view or store.views[0]
+    return top_k(store, QueryEncoder(store, view).encode(texts), view, k, level)
+
+
+def snippet(store: Store, hit: Hit, width: int = 120) -> str:
+    """The hit's text (its chunk's span, for chunk hits) from a carried text column or
+    the job's input table; empty when neither is available."""
+    spec = store.provenance["job"]["input"]
+    column = spec["text_column"]
+    try:
+        if column in store.docs:
+            text = str(np.asarray(store.docs[column][hit.row].values))
+        else:
+            text = read_text(InputSpec(spec["path"], column, spec.get("id_column")), hit.row)
+    except Exception:  # noqa: BLE001 - the input may have moved; the hit stands without it
+        return ""
+    if hit.span is not None:
+        text = text[hit.span[0] : hit.span[1]]
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True).clip(min=1e-12)
+
+
+def _hits(store: Store, rows: np.ndarray, scores: np.ndarray, level: str) -> list[Hit]:
+    hits = []
+    ids = store.docs["id"]
+    for row, score in zip(rows.tolist(), scores.tolist(), strict=True):
+        if not np.isfinite(score):
+            continue
+        if level == "chunks":
+            assert store.chunks is not None
+            chunk = store.chunks.isel(chunk=row)
+            doc = int(chunk["doc"].values)
+            hits.append(Hit(doc, ids[doc].values.item(), float(score), row,
+                            (int(chunk["start"].values), int(chunk["end"].values))))
+        else:
+            hits.append(Hit(row, ids[row].values.item(), float(score)))
+    return hits
