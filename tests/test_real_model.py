@@ -125,8 +125,8 @@ def test_bfloat16_agrees_with_float32(minilm: Path, texts: list[str], tmp_path: 
     from pipeline.partition import Extractor
     from pipeline.spec import Job
 
-    raw = job_dict(tmp_path / "x.parquet", minilm, tmp_path / "o.zarr", views=VIEWS,
-                   model={"path": str(minilm), "dtype": "bfloat16", "device": "cpu"})
+    raw = job_dict(tmp_path / "x.parquet", minilm, tmp_path / "o.zarr", views=VIEWS)
+    raw["model"]["dtype"] = "bfloat16"
     ex = Extractor(Job.from_dict(raw))
     assert ex.model.compute_dtype == torch.bfloat16
     got = ex.encode_texts(list(texts)).docs
