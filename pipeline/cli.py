@@ -129,9 +129,10 @@ def postprocess(store_path: str, view: str, method: str, dims: int | None, top: 
 @click.option("-k", default=10, show_default=True)
 @click.option("--chunks", "level", flag_value="chunks", default="docs",
               help="Search chunk vectors instead of documents.")
+@click.option("--exact", is_flag=True, help="Scan the store even when an index exists.")
 @_user_errors
 def search(store_path: str, query: tuple[str, ...], view: str | None, k: int,
-           level: str) -> None:
+           level: str, exact: bool) -> None:
     """Top-k rows of a store for a query text (exact cosine search)."""
     from .load import open_store
     from .search import search as run
@@ -139,7 +140,7 @@ def search(store_path: str, query: tuple[str, ...], view: str | None, k: int,
 
     store = open_store(store_path)
     text = " ".join(query)
-    for rank, hit in enumerate(run(store, [text], view, k, level)[0], 1):
+    for rank, hit in enumerate(run(store, [text], view, k, level, exact)[0], 1):
         where = f" chunk {hit.chunk} [{hit.span[0]}:{hit.span[1]}]" if hit.span else ""
         click.echo(f"{rank:>3}. {hit.score:.4f}  id {hit.id}{where}  {snippet(store, hit)}")
 
@@ -182,6 +183,22 @@ def probe(store_path: str, label: str, labels_file: str | None, label_column: st
     click.echo(table(report))
     paths = write_outputs(report, out_dir or f"{store_path.rstrip('/')}-probe")
     click.echo(f"wrote {paths['json']}, {paths['html']}")
+
+
+@main.command()
+@click.argument("store_path", type=click.Path())
+@click.option("--view", required=True, help="The view to index.")
+@click.option("--chunks", "level", flag_value="chunks", default="docs",
+              help="Index chunk vectors instead of documents.")
+@click.option("--nprobe", default=16, show_default=True, help="Lists scanned per query.")
+@_user_errors
+def index(store_path: str, view: str, level: str, nprobe: int) -> None:
+    """Build an approximate nearest-neighbour index (FAISS) beside the store."""
+    from .index import build_index
+    from .load import open_store
+
+    path = build_index(open_store(store_path), view, level, nprobe=nprobe)
+    click.echo(f"wrote {path}; bertpipe search uses it (--exact to scan instead)")
 
 
 if __name__ == "__main__":

@@ -67,14 +67,14 @@ class Store:
         return frame
 
     def search(self, texts: str | list[str], k: int = 10, view: str | None = None,
-               level: str = "docs") -> list[Any]:
+               level: str = "docs", exact: bool = False) -> list[Any]:
         """Top-k rows for each query text (a list of `Hit` per query; one list for a str),
         encoded with this store's model, view and post-processing."""
         from .search import search
 
         if isinstance(texts, str):
-            return search(self, [texts], view, k, level)[0]
-        return search(self, texts, view, k, level)
+            return search(self, [texts], view, k, level, exact)[0]
+        return search(self, texts, view, k, level, exact)
 
     def __repr__(self) -> str:
         n = self.docs.sizes.get("doc", 0)

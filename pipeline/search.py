@@ -57,9 +57,24 @@ class QueryEncoder:
         return self.transform.apply(vectors) if self.transform else vectors
 
 
-def top_k(store: Store, queries: np.ndarray, view: str, k: int = 10,
-          level: str = "docs") -> list[list[Hit]]:
-    """Exact cosine top-k for each query row over `view` at `level`, streamed in blocks."""
+def top_k(store: Store, queries: np.ndarray, view: str, k: int = 10, level: str = "docs",
+          exact: bool = False) -> list[list[Hit]]:
+    """Cosine top-k for each query row over `view` at `level`: through the view's saved
+    index when there is one (and `exact` is false), else an exact streamed scan."""
+    if not exact:
+        from .index import index_search, load_index
+
+        index = load_index(store, view, level)
+        if index is not None:
+            scores, rows = index_search(index, queries, k)
+            return [_hits(store, r[r >= 0], s[r >= 0], level)
+                    for r, s in zip(rows, scores, strict=True)]
+    return exact_top_k(store, queries, view, k, level)
+
+
+def exact_top_k(store: Store, queries: np.ndarray, view: str, k: int = 10,
+                level: str = "docs") -> list[list[Hit]]:
+    """Exact cosine top-k, streaming the store in row blocks (bounded memory)."""
     data = store.docs if level == "docs" else store.chunks
     if data is None:
         raise StoreError(f"{store.path}: chunk vectors were not stored (output.levels)")
@@ -85,9 +100,9 @@ def top_k(store: Store, queries: np.ndarray, view: str, k: int = 10,
 
 
 def search(store: Store, texts: Sequence[str], view: str | None = None, k: int = 10,
-           level: str = "docs") -> list[list[Hit]]:
+           level: str = "docs", exact: bool = False) -> list[list[Hit]]:
     view = view or store.views[0]
-    return top_k(store, QueryEncoder(store, view).encode(texts), view, k, level)
+    return top_k(store, QueryEncoder(store, view).encode(texts), view, k, level, exact)
 
 
 def snippet(store: Store, hit: Hit, width: int = 120) -> str:

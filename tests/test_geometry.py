@@ -185,3 +185,24 @@ def test_job_file_post_is_fitted_at_the_end(tmp_path: Path, tiny_bert: Path,
     text = pq.read_table(small_texts).column("text")[6].as_py()
     hit = store.search(text, k=1, view="white")[0]
     assert hit.row == 6 and hit.score == pytest.approx(1, abs=1e-4)
+
+
+def test_index_agrees_with_exact_search(tmp_path: Path) -> None:
+    pytest.importorskip("faiss")
+    from pipeline.index import build_index
+    from tests.test_probe import synthetic_store
+
+    store = synthetic_store(tmp_path / "i.zarr")
+    queries = RNG.normal(size=(20, 16))
+    exact = top_k(store, queries, "l2_mean", k=10, exact=True)
+    path = build_index(store, "l2_mean")
+    assert path.exists()
+    approx = top_k(store, queries, "l2_mean", k=10)
+    recall = np.mean([len({h.row for h in a} & {h.row for h in e}) / 10
+                      for a, e in zip(approx, exact, strict=True)])
+    assert recall >= 0.9
+    for a, e in zip(approx, exact, strict=True):  # scores are the same cosines
+        common = {h.row: h.score for h in e}
+        for h in a:
+            if h.row in common:
+                assert h.score == pytest.approx(common[h.row], abs=1e-5)
