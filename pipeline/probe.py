@@ -13,6 +13,7 @@ pasted into a job as a `scalar_mix` view.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -193,7 +194,7 @@ def _splits(y: np.ndarray, task: str, folds: int, seed: int) -> list[tuple[np.nd
 def _cross_validate(x: np.ndarray, y: np.ndarray, task: str, folds: int, seed: int
                     ) -> dict[str, float]:
     from scipy.stats import spearmanr
-    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.linear_model import Ridge
     from sklearn.metrics import accuracy_score, f1_score, r2_score
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -201,7 +202,8 @@ def _cross_validate(x: np.ndarray, y: np.ndarray, task: str, folds: int, seed: i
     scores: dict[str, list[float]] = {}
     for train, test in _splits(y, task, folds, seed):
         if task == "classification":
-            model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=2000, C=1.0))
+            warnings.filterwarnings("ignore", category=FutureWarning)  # sklearn API churn
+            model = make_pipeline(StandardScaler(), _logistic(seed))
             model.fit(x[train], y[train])
             pred = model.predict(x[test])
             fold = {"accuracy": accuracy_score(y[test], pred),
@@ -215,6 +217,16 @@ def _cross_validate(x: np.ndarray, y: np.ndarray, task: str, folds: int, seed: i
         for k, v in fold.items():
             scores.setdefault(k, []).append(float(v))
     return _summarise(scores)
+
+
+def _logistic(seed: int) -> Any:
+    """Logistic regression whose L2 strength is chosen by an inner 3-fold CV on the
+    training folds only: a few hundred rows against hundreds of features overfit at C=1."""
+    from sklearn.linear_model import LogisticRegressionCV
+    from sklearn.model_selection import StratifiedKFold
+
+    return LogisticRegressionCV(Cs=[0.001, 0.01, 0.1, 1.0], max_iter=2000,
+                                cv=StratifiedKFold(3, shuffle=True, random_state=seed))
 
 
 def _summarise(scores: dict[str, list[float]]) -> dict[str, float]:
@@ -311,7 +323,7 @@ def _fit_mix(x: np.ndarray, y: np.ndarray, task: str, seed: int, epochs: int = 3
     mean/std shared by all layers, which commutes with the mix because Σ softmax(s) = 1),
     then refit the head alone as the usual standardised linear probe on the mixed features."""
     import torch
-    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.linear_model import Ridge
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
@@ -344,7 +356,7 @@ def _fit_mix(x: np.ndarray, y: np.ndarray, task: str, seed: int, epochs: int = 3
     # γ is one global scale: a standardised linear head absorbs it, so it is not
     # identifiable from a probe and is reported as 1.0
     gamma = 1.0
-    probe = LogisticRegression(max_iter=2000) if task == "classification" else Ridge(alpha=1.0)
+    probe = _logistic(seed) if task == "classification" else Ridge(alpha=1.0)
     model = _MixModel(s_np, gamma, make_pipeline(StandardScaler(), probe), task)
     model.head.fit(model.mixed(x), y)
     return model

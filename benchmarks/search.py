@@ -1,0 +1,119 @@
+"""Search latency: exact streamed scan against the FAISS index, on the sample store and on
+a synthetic store of 1M x 384 vectors (written through the real staging + commit path).
+
+    python benchmarks/search.py [--store out/reviews.zarr] [--rows 1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import WORK  # noqa: E402
+
+PART_ROWS = 65536
+
+
+def synthetic_store(path: Path, rows: int, dim: int = 384, seed: int = 0) -> Path:
+    """Clustered random vectors (so neighbours exist), committed part by part."""
+    import pipeline
+    from pipeline.partition import vector_array
+    from pipeline.stores import Layout, Staging, format_module
+
+    if path.exists():
+        try:
+            if pipeline.open_store(path).docs.sizes["doc"] == rows:
+                return path
+        except pipeline.errors.StoreError:
+            pass
+        import shutil
+
+        shutil.rmtree(path)
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(1000, dim)).astype(np.float32)
+    staging = Staging(path)
+    staging.begin({"run_fingerprint": "synthetic"})
+    indices = []
+    for i, start in enumerate(range(0, rows, PART_ROWS)):
+        n = min(PART_ROWS, rows - start)
+        x = centers[rng.integers(0, len(centers), n)] + rng.normal(size=(n, dim)) * 0.5
+        table = pa.table({
+            "row": pa.array(np.arange(start, start + n)), "id": pa.array(np.arange(start,
+                                                                                   start + n)),
+            "n_tokens": pa.array(np.ones(n, np.int64)), "n_chunks": pa.array(np.ones(n,
+                                                                                     np.int64)),
+            "truncated": pa.array(np.zeros(n, bool)), "status": pa.array(["ok"] * n),
+            "v": vector_array(x.astype(np.float32), "float32")})
+        staging.write_part(i, {"docs": table}, {"fingerprint": "synthetic"})
+        indices.append(i)
+    provenance = {"complete": True, "format_version": 1, "run_fingerprint": "synthetic",
+                  "job": {"views": {"v": {"pooling": "mean"}},
+                          "input": {"path": "", "text_column": "text"}},
+                  "model": {"config": {}}}
+    format_module("zarr").create(str(path), {"complete": False})
+    format_module("zarr").commit(str(path), staging, Layout(indices, rows, 0, False), provenance)
+    staging.remove()
+    return path
+
+
+def latency(store_path: Path, view: str, queries: np.ndarray, k: int = 10) -> dict[str, float]:
+    import pipeline
+    from pipeline.index import build_index, index_paths
+    from pipeline.search import top_k
+
+    store = pipeline.open_store(store_path)
+    for p in index_paths(store, view, "docs"):
+        p.unlink(missing_ok=True)
+    times, truths = [], []
+    for q in queries:
+        start = time.perf_counter()
+        exact = top_k(store, q[None], view, k, exact=True)[0]
+        times.append(time.perf_counter() - start)
+        truths.append({h.row for h in exact})
+    start = time.perf_counter()
+    build_index(store, view)
+    build = time.perf_counter() - start
+    index_times, recalls = [], []
+    for q, truth in zip(queries, truths, strict=True):
+        start = time.perf_counter()
+        approx = top_k(store, q[None], view, k)[0]
+        index_times.append(time.perf_counter() - start)
+        recalls.append(len(truth & {h.row for h in approx}) / k)
+    return {"rows": store.docs.sizes["doc"], "exact_ms": 1000 * statistics.median(times),
+            "index_ms": 1000 * statistics.median(index_times), "build_s": build,
+            "recall": float(np.mean(recalls))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--store", default="out/reviews.zarr")
+    ap.add_argument("--view", default="mean")
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    args = ap.parse_args()
+    import pipeline
+
+    rng = np.random.default_rng(1)
+    sample = pipeline.open_store(args.store)
+    vectors = sample.vectors(args.view)
+    queries = vectors[rng.choice(len(vectors), 5, replace=False)] + rng.normal(
+        size=(5, vectors.shape[1])) * 0.01
+    print(f"{'store':<34}{'rows':>10}{'exact':>10}{'index':>10}{'build':>9}{'recall@10':>11}")
+    for name, path, view, q in [
+        (args.store, Path(args.store), args.view, queries),
+        (f"synthetic {args.rows}x384", synthetic_store(WORK / "synthetic.zarr", args.rows),
+         "v", rng.normal(size=(5, 384))),
+    ]:
+        r = latency(path, view, q)
+        print(f"{name:<34}{r['rows']:>10}{r['exact_ms']:>8.1f}ms{r['index_ms']:>8.1f}ms"
+              f"{r['build_s']:>8.1f}s{r['recall']:>11.2f}")
+
+
+if __name__ == "__main__":
+    main()
