@@ -10,6 +10,7 @@ bertpipe[index]`).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -83,8 +84,14 @@ def load_index(store: Store, view: str, level: str) -> Any | None:
     if info.get("run_fingerprint") != store.provenance.get("run_fingerprint") or \
             info.get("rows") != size:
         return None
-    index = _faiss().read_index(str(path))
-    index.nprobe = int(info.get("nprobe", 16))
+    return _read_index(str(path), path.stat().st_mtime_ns, int(info.get("nprobe", 16)))
+
+
+@functools.lru_cache(maxsize=4)
+def _read_index(path: str, mtime_ns: int, nprobe: int) -> Any:
+    """Loaded once per process (an index of 1M x 384 is 1.5 GB to read)."""
+    index = _faiss().read_index(path)
+    index.nprobe = nprobe
     return index
 
 

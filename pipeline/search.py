@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -128,17 +129,29 @@ def _unit(x: np.ndarray) -> np.ndarray:
 
 
 def _hits(store: Store, rows: np.ndarray, scores: np.ndarray, level: str) -> list[Hit]:
-    hits = []
-    ids = store.docs["id"]
-    for row, score in zip(rows.tolist(), scores.tolist(), strict=True):
-        if not np.isfinite(score):
-            continue
-        if level == "chunks":
-            assert store.chunks is not None
-            chunk = store.chunks.isel(chunk=row)
-            doc = int(chunk["doc"].values)
-            hits.append(Hit(doc, ids[doc].values.item(), float(score), row,
-                            (int(chunk["start"].values), int(chunk["end"].values))))
-        else:
-            hits.append(Hit(row, ids[row].values.item(), float(score)))
-    return hits
+    keep = np.isfinite(scores)
+    rows, scores = rows[keep], scores[keep]
+    if level == "docs":
+        ids = _take(store.docs["id"], rows)
+        return [Hit(int(r), _py(i), float(s)) for r, i, s in zip(rows, ids, scores, strict=True)]
+    assert store.chunks is not None
+    docs, starts, ends = (_take(store.chunks[k], rows) for k in ("doc", "start", "end"))
+    ids = _take(store.docs["id"], docs.astype(np.int64))
+    return [Hit(int(d), _py(i), float(s), int(r), (int(a), int(b)))
+            for r, d, i, s, a, b in zip(rows, docs, ids, scores, starts, ends, strict=True)]
+
+
+def _py(value: Any) -> Any:
+    """numpy scalar -> Python value (ids print and compare like the input's)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _take(variable: Any, rows: np.ndarray) -> np.ndarray:
+    """Values at `rows` in one read (rows sorted for the read, then put back in order)."""
+    if len(rows) == 0:
+        return np.asarray([])
+    order = np.argsort(rows)
+    values = np.asarray(variable.isel({variable.dims[0]: rows[order]}).values)
+    out = np.empty_like(values)
+    out[order] = values
+    return out
