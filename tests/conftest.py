@@ -36,6 +36,8 @@ def _save_tiny(root: Path, kind: str) -> Path:
         BertTokenizerFast,
         DistilBertConfig,
         DistilBertModel,
+        RobertaConfig,
+        RobertaModel,
     )
 
     torch.manual_seed(0)
@@ -50,6 +52,11 @@ def _save_tiny(root: Path, kind: str) -> Path:
                             num_attention_heads=4, intermediate_size=64,
                             max_position_embeddings=64)
         model: Any = BertModel(config)
+    elif kind == "roberta":  # RoBERTa weights; the WordPiece vocab only feeds it ids
+        config = RobertaConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2,
+                               num_attention_heads=4, intermediate_size=64,
+                               max_position_embeddings=66, pad_token_id=0)
+        model = RobertaModel(config)
     else:
         config = DistilBertConfig(vocab_size=vocab_size, dim=32, n_layers=2, n_heads=4,
                                   hidden_dim=64, max_position_embeddings=64)
@@ -69,6 +76,12 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_distilbert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer DistilBERT: an encoder with no pooler at all."""
     return _save_tiny(tmp_path_factory.mktemp("tiny-distilbert"), "distilbert")
+
+
+@pytest.fixture(scope="session")
+def tiny_roberta(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer RoBERTa: its checkpoints carry a pooler that was never trained."""
+    return _save_tiny(tmp_path_factory.mktemp("tiny-roberta"), "roberta")
 
 
 @pytest.fixture(scope="session")

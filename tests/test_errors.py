@@ -162,3 +162,18 @@ def test_object_store_output_is_refused(tmp_path: Path, tiny_bert: Path,
     job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr")
     job["output"]["path"] = "s3://bucket/out.zarr"
     assert_user_error(extract(tmp_path, job), 2, "output.path", "not supported")
+
+
+def test_roberta_pooler_warns_untrained(tmp_path: Path, tiny_roberta: Path, small_texts: Path,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    from pipeline.partition import Extractor
+    from pipeline.spec import Job
+
+    job = Job.from_dict(job_dict(small_texts, tiny_roberta, tmp_path / "o.zarr",
+                                 views={"p": {"pooling": "pooler"}, "m": {"pooling": "mean"}}))
+    with caplog.at_level("WARNING"):
+        ex = Extractor(job)
+    assert "roberta checkpoints are trained without next-sentence prediction" in caplog.text
+    assert ex.model.max_positions == 64  # RoBERTa reserves padding_idx + 1 positions
+    vectors = ex.encode_texts(["good drug", "bad"]).docs
+    assert vectors["p"].shape == (2, 32) and (abs(vectors["p"]) <= 1).all()  # tanh range
