@@ -107,10 +107,10 @@ def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None =
         executor = executor_for(job)
     failures = executor.run(job, pending, staging, fingerprint, _collect(done, on_done))
     summary.run = len(pending) - len(failures)
-    summary.failed = [f"partition {p.index} (rows {p.row_start}-{p.row_stop - 1} of "
-                      f"{Path(p.file).name}): {msg}" for p, msg in failures]
+    summary.failed = [f"partition {p.index} (rows {p.row_start}-{p.row_stop - 1}; "
+                      f"{Path(p.file).name} rows {p.file_offset}-{p.file_offset + p.n_rows - 1})"
+                      f": {msg}" for p, msg in failures]
     if failures:
-        summary.wall_s = time.perf_counter() - started
         raise PartitionError(f"{len(failures)} of {len(parts)} partitions failed, the others are "
                              f"kept for a rerun; first: {summary.failed[0]}")
     markers = [done[p.index] for p in parts]
