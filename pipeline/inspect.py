@@ -25,8 +25,12 @@ def describe(store: Store) -> str:
     ]
     for name in store.views:
         var = docs[name]
-        spec = prov["job"]["views"][name]
-        lines.append(f"  {name:<12} width {var.shape[1]:<5} {_view_text(spec)}")
+        post = prov.get("post", {}).get(name)
+        spec = prov["job"]["views"].get(name)
+        text = _view_text(spec) if spec else f"from view {post['source']}"
+        if post:
+            text += f", post {post['method']} (fitted on {post['fitted_rows']} rows)"
+        lines.append(f"  {name:<12} width {var.shape[1]:<5} {text}")
     lines.extend(_chunk_lines(store))
     model = prov.get("model", {})
     versions = prov.get("versions", {})

@@ -167,6 +167,10 @@ def _encode_labels(y: np.ndarray, task: str, folds: int) -> tuple[np.ndarray, di
 
 
 def _view_layer_pooling(store: Store, name: str) -> tuple[int | None, str]:
+    post = store.provenance.get("post", {}).get(name)
+    if post is not None:  # a post-processed view: not a plain layer x pooling cell
+        source = store.provenance["job"]["views"][post["source"]]
+        return None, f"{source['pooling']}+{post['method']}"
     spec = store.provenance["job"]["views"][name]
     layers = spec.get("layers", [-1])
     n_layers = int(store.provenance["model"]["config"].get("num_hidden_layers", 0)

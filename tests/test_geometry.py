@@ -12,7 +12,7 @@ import pipeline
 from pipeline.cli import main
 from pipeline.errors import StoreError
 from pipeline.geometry import fit, stats
-from pipeline.postprocess import load_transform
+from pipeline.postprocess import load_transform, postprocess
 from pipeline.search import QueryEncoder, top_k
 from tests.conftest import job_dict, write_job, write_table
 
@@ -206,3 +206,16 @@ def test_index_agrees_with_exact_search(tmp_path: Path) -> None:
         for h in a:
             if h.row in common:
                 assert h.score == pytest.approx(common[h.row], abs=1e-5)
+
+
+def test_postprocessed_view_in_inspect_and_probe(built: pipeline.Store) -> None:
+    from pipeline.probe import load_labels, run_probe
+
+    postprocess(built.path, "mean", "center")
+    store = pipeline.open_store(built.path)
+    out = CliRunner().invoke(main, ["inspect", store.path])
+    assert out.exit_code == 0, out.output
+    assert "mean_center" in out.stdout and "post center (fitted on 10 rows)" in out.stdout
+    report = run_probe(store, load_labels(store, "label"), folds=2)
+    cell = next(r for r in report.results if r.view == "mean_center")
+    assert (cell.layer, cell.pooling) == (None, "mean+center")
