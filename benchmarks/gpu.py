@@ -43,7 +43,7 @@ def make_model(root: Path) -> Path:
              *words]
     vocab += [f"[unused{i}]" for i in range(30522 - len(vocab))]  # BERT-base's vocab size
     (root / "vocab.txt").write_text("\n".join(vocab[:30522]) + "\n")
-    tok = BertTokenizerFast(vocab_file=str(root / "vocab.txt"), do_lower_case=True)
+    tok = BertTokenizerFast(vocab=str(root / "vocab.txt"), do_lower_case=True)
     tok.model_max_length = 512
     tok.save_pretrained(root)
     BertModel(BertConfig()).save_pretrained(root, safe_serialization=True)  # BERT-base

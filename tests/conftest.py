@@ -44,7 +44,9 @@ def _save_tiny(root: Path, kind: str) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     vocab_file = root / "vocab.txt"
     vocab_file.write_text("\n".join(_vocab()) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True)
+    tokenizer = BertTokenizerFast(vocab=str(vocab_file), do_lower_case=True)
+    # transformers 5 takes `vocab=`; a wrong keyword silently yields a 5-token vocabulary
+    assert tokenizer.unk_token_id not in tokenizer("the drug worked")["input_ids"]
     tokenizer.model_max_length = 64
     vocab_size = len(_vocab())
     if kind == "bert":
