@@ -32,16 +32,11 @@ class LoadedModel:
     module: torch.nn.Module
     model_type: str
     n_layers: int  # transformer blocks; hidden_states has n_layers + 1 entries
-    n_layers_run: int  # blocks actually kept after cutting to what the views need
     hidden_size: int
     max_positions: int  # usable positions per sequence, special tokens included
     device: torch.device
     compute_dtype: torch.dtype  # the weights' dtype: float32, bfloat16 or float16
-    pooler: torch.nn.Module | None  # the model's own dense+tanh, float32; None if untrained/absent
-
-    @property
-    def n_special(self) -> int:
-        return int(self.tokenizer.num_special_tokens_to_add(pair=False))
+    pooler: torch.nn.Module | None  # own dense+tanh in float32; None without pooler weights
 
     @property
     def has_pooler(self) -> bool:
@@ -183,7 +178,6 @@ def load_model(
         module=module,
         model_type=model_type,
         n_layers=n_layers,
-        n_layers_run=keep_layers if keep_layers is not None else n_layers,
         hidden_size=int(config.hidden_size),
         max_positions=max_positions,
         device=device,
