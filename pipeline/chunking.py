@@ -17,6 +17,7 @@ import bisect
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -66,8 +67,9 @@ class ChunkedPartition:
     chunk_end: np.ndarray  # (M,)
     chunk_ids: list[list[int]] = field(repr=False)  # (M,) token ids incl. special tokens
 
-    @property
+    @cached_property
     def chunk_n_tokens(self) -> np.ndarray:
+        """(M,) tokens per chunk, special tokens included (derived once, read thrice)."""
         return np.fromiter((len(ids) for ids in self.chunk_ids), np.int64, len(self.chunk_ids))
 
 

@@ -37,7 +37,7 @@ class PostTransform:
         if self.matrix is not None:
             out = out @ self.matrix
         if self.normalize:
-            out /= np.linalg.norm(out, axis=1, keepdims=True).clip(min=1e-12)
+            out = unit_rows(out)
         return out.astype(np.float32)
 
     @property
@@ -46,6 +46,11 @@ class PostTransform:
 
     def describe(self) -> dict[str, Any]:
         return {"method": self.method, "normalize": self.normalize, "width": self.width}
+
+
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to length 1; zero rows stay zero, NaN rows (empty documents) stay NaN."""
+    return x / np.linalg.norm(x, axis=1, keepdims=True).clip(min=1e-12)
 
 
 def blocks(array: Any, rows: int = BLOCK_ROWS) -> Iterator[np.ndarray]:

@@ -20,6 +20,7 @@ import numpy as np
 
 from .errors import BertpipeError, StoreError
 from .fileutil import write_json_atomic
+from .geometry import unit_rows
 from .load import Store
 
 BLOCK_ROWS = 65536
@@ -54,10 +55,10 @@ def build_index(store: Store, view: str, level: str = "docs", nprobe: int = 16,
     index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
     rng = np.random.default_rng(seed)
     sample = np.sort(rng.choice(n, size=min(n, max(nlist * 64, 10000)), replace=False))
-    train = _unit(np.asarray(array[sample], dtype=np.float32))
+    train = unit_rows(np.asarray(array[sample], dtype=np.float32))
     index.train(train[np.isfinite(train).all(axis=1)])
     for start in range(0, n, BLOCK_ROWS):
-        block = _unit(np.asarray(array[start : start + BLOCK_ROWS], dtype=np.float32))
+        block = unit_rows(np.asarray(array[start : start + BLOCK_ROWS], dtype=np.float32))
         finite = np.isfinite(block).all(axis=1)
         rows = np.arange(start, start + len(block), dtype=np.int64)
         index.add_with_ids(block[finite], rows[finite])
@@ -97,11 +98,6 @@ def _read_index(path: str, mtime_ns: int, nprobe: int) -> Any:
 
 def index_search(index: Any, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(scores, rows), each (Q, k); a row of -1 means fewer than k candidates were found."""
-    scores, rows = index.search(_unit(np.asarray(queries, dtype=np.float32)), k)
+    scores, rows = index.search(unit_rows(np.asarray(queries, dtype=np.float32)), k)
     return scores, rows
 
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    norm = np.linalg.norm(x, axis=1, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (x / np.where(norm > 0, norm, 1)).astype(np.float32)

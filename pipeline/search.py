@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from .errors import StoreError
+from .geometry import unit_rows
 from .load import Store
 from .model import model_fingerprint
 from .postprocess import load_transform, source_view
@@ -80,11 +81,11 @@ def exact_top_k(store: Store, queries: np.ndarray, view: str, k: int = 10,
     if data is None:
         raise StoreError(f"{store.path}: chunk vectors were not stored (output.levels)")
     array = data[view].data
-    q = _unit(np.asarray(queries, dtype=np.float64))  # (Q, D)
+    q = unit_rows(np.asarray(queries, dtype=np.float64))  # (Q, D)
     best_scores = np.full((len(q), 0), -np.inf)
     best_rows = np.zeros((len(q), 0), dtype=np.int64)
     for start in range(0, array.shape[0], BLOCK_ROWS):
-        block = _unit(np.asarray(array[start : start + BLOCK_ROWS], dtype=np.float64))
+        block = unit_rows(np.asarray(array[start : start + BLOCK_ROWS], dtype=np.float64))
         scores = np.nan_to_num(q @ block.T, nan=-np.inf)  # (Q, B): empty rows never match
         rows = np.broadcast_to(np.arange(start, start + len(block)), scores.shape)
         best_scores = np.concatenate([best_scores, scores], axis=1)
@@ -122,10 +123,6 @@ def snippet(store: Store, hit: Hit, width: int = 120) -> str:
         text = text[hit.span[0] : hit.span[1]]
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    return x / np.linalg.norm(x, axis=1, keepdims=True).clip(min=1e-12)
 
 
 def _hits(store: Store, rows: np.ndarray, scores: np.ndarray, level: str) -> list[Hit]:

@@ -142,11 +142,15 @@ def get_combine(name: str) -> Callable[[Sequence[Tensor], Tensor | None, float],
 
 @dataclass(frozen=True)
 class ResolvedView:
-    """A view with absolute layer indices (0..L) and its output width."""
+    """A view with absolute layer indices (0..L), its output width, and its combine and
+    pooling functions looked up once (not per batch)."""
 
     spec: ViewSpec
     layers: tuple[int, ...]
     width: int
+    combine: Callable[[Sequence[Tensor], Tensor | None, float], Tensor]
+    pool: Callable[[Tensor, Tensor, PoolContext], Tensor]
+    weights: Tensor | None  # float64; cast to the states' dtype and device in the combine
 
     @property
     def name(self) -> str:
@@ -154,13 +158,10 @@ class ResolvedView:
 
     def compute(self, states: dict[int, Tensor], mask: Tensor, ctx: PoolContext) -> Tensor:
         """(B, width) float32 vectors for one batch."""
-        weights = None if self.spec.weights is None else torch.tensor(self.spec.weights,
-                                                                        dtype=torch.float64)
         selected = [states[i] for i in self.layers]
-        if weights is not None:
-            weights = weights.to(selected[0].device)
-        combined = get_combine(self.spec.combine)(selected, weights, self.spec.gamma)
-        pooled = get_pooling(self.spec.pooling)(combined, mask, ctx)
+        weights = None if self.weights is None else self.weights.to(selected[0].device)
+        combined = self.combine(selected, weights, self.spec.gamma)
+        pooled = self.pool(combined, mask, ctx)
         if self.spec.normalize:
             pooled = torch.nn.functional.normalize(pooled, dim=-1)
         return pooled
@@ -185,13 +186,14 @@ def resolve_views(specs: Sequence[ViewSpec], n_layers: int, hidden: int) -> list
     resolved = []
     for spec in specs:
         key = f"views.{spec.name}"
-        get_pooling(spec.pooling)
-        get_combine(spec.combine)
         layers = resolve_layers(spec.layers, n_layers, key)
         if spec.weights is not None and len(spec.weights) != len(layers):
             raise JobError(f"{key}.weights: {len(spec.weights)} weights for {len(layers)} layers")
         width = hidden * len(layers) if spec.combine == "concat" else hidden
-        resolved.append(ResolvedView(spec, layers, width))
+        weights = None if spec.weights is None else torch.tensor(spec.weights,
+                                                                   dtype=torch.float64)
+        resolved.append(ResolvedView(spec, layers, width, get_combine(spec.combine),
+                                     get_pooling(spec.pooling), weights))
     return resolved
 
 

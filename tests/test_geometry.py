@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -160,6 +161,12 @@ def test_empty_rows_never_match(tmp_path: Path, tiny_bert: Path) -> None:
     store = pipeline.open_store(tmp_path / "e.zarr")
     hits = top_k(store, np.ones((1, 32)), "mean", k=3)[0]
     assert sorted(h.row for h in hits) == [0, 2]
+    if importlib.util.find_spec("faiss") is not None:  # the index leaves empty rows out too
+        from pipeline.index import build_index
+
+        build_index(store, "mean")
+        indexed = top_k(store, np.ones((1, 32)), "mean", k=3)[0]
+        assert sorted(h.row for h in indexed) == [0, 2]
 
 
 @pytest.mark.parametrize("fmt", ["zarr", "parquet"])

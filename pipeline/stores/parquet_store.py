@@ -39,11 +39,7 @@ def is_store(path: str) -> bool:
 
 def read_provenance(path: str) -> dict[str, Any] | None:
     file = Path(path) / "docs.parquet"
-    if not file.exists():
-        return None
-    meta = pq.read_schema(file).metadata or {}
-    raw = meta.get(METADATA_KEY)
-    return json.loads(raw) if raw else None
+    return _metadata(file) if file.exists() else None
 
 
 def commit(path: str, staging: Staging, layout: Layout, provenance: dict[str, Any]) -> None:
