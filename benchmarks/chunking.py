@@ -32,7 +32,7 @@ def chunker_throughput(texts: list[str], reps: int) -> tuple[float, float, int]:
     """(documents/s, tokens/s, chunks) for tokenize-once + hierarchical chunking."""
     from transformers import AutoTokenizer
 
-    from pipeline.chunking import Specials, chunk_partition, content_budget
+    from pipeline.extract.chunking import Specials, chunk_partition, content_budget
     from pipeline.spec import ChunkingSpec
 
     tok = AutoTokenizer.from_pretrained(MODEL, local_files_only=True)

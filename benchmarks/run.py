@@ -133,7 +133,7 @@ def flop_per_token(avg_len: float) -> float:
 
 def encoder_only(source: Path, dtype: str) -> float:
     """tokens/s of the encoder alone (forward + pooling) on bertpipe's own batches."""
-    from pipeline.partition import Extractor
+    from pipeline.extract.partition import Extractor
     from pipeline.spec import Job
 
     job = Job.from_dict(yaml.safe_load(write_job("encoder-only", source, dtype,

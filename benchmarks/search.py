@@ -24,7 +24,7 @@ PART_ROWS = 65536
 def synthetic_store(path: Path, rows: int, dim: int = 384, seed: int = 0) -> Path:
     """Clustered random vectors (so neighbours exist), committed part by part."""
     import pipeline
-    from pipeline.partition import vector_array
+    from pipeline.extract.partition import vector_array
     from pipeline.stores import Layout, Staging, format_module
 
     if path.exists():
@@ -65,8 +65,8 @@ def synthetic_store(path: Path, rows: int, dim: int = 384, seed: int = 0) -> Pat
 
 def latency(store_path: Path, view: str, queries: np.ndarray, k: int = 10) -> dict[str, float]:
     import pipeline
-    from pipeline.index import build_index, index_paths
-    from pipeline.search import top_k
+    from pipeline.analysis.index import build_index, index_paths
+    from pipeline.analysis.search import top_k
 
     store = pipeline.open_store(store_path)
     for p in index_paths(store, view, "docs"):

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from .load import Store, open_store  # noqa: E402
+from .api import Store, open_store  # noqa: E402
+from .version import __version__
 
 __all__ = ["Store", "__version__", "open_store"]

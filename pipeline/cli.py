@@ -69,8 +69,8 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
 def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
             scheduler: str | None) -> None:
     """Run a job: read text, encode, pool, write the store."""
-    from .progress import Progress
-    from .runner import executor_for, run_job
+    from .run.progress import Progress
+    from .run.runner import executor_for, run_job
     from .spec import load_job
 
     if scheduler:
@@ -94,8 +94,8 @@ def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
 @_user_errors
 def inspect(store_path: str, geometry: bool, sample: int) -> None:
     """Summarise a store: rows, views, coverage, chunks, provenance."""
-    from .inspect import describe, describe_geometry
-    from .load import open_store
+    from .analysis.inspect import describe, describe_geometry
+    from .api import open_store
 
     store = open_store(store_path)
     click.echo(describe(store))
@@ -116,7 +116,7 @@ def inspect(store_path: str, geometry: bool, sample: int) -> None:
 def postprocess(store_path: str, view: str, method: str, dims: int | None, top: int,
                 normalize: bool, name: str | None) -> None:
     """Fit a geometry fix on a view and write the result as a new view of the store."""
-    from .postprocess import postprocess as run
+    from .post.apply import postprocess as run
 
     target = run(store_path, view, method, dims=dims, d=top, normalize=normalize, name=name)
     click.echo(f"wrote view {target!r} ({method} of {view!r}) to {store_path}")
@@ -134,9 +134,9 @@ def postprocess(store_path: str, view: str, method: str, dims: int | None, top: 
 def search(store_path: str, query: tuple[str, ...], view: str | None, k: int,
            level: str, exact: bool) -> None:
     """Top-k rows of a store for a query text (exact cosine search)."""
-    from .load import open_store
-    from .search import search as run
-    from .search import snippet
+    from .analysis.search import search as run
+    from .analysis.search import snippet
+    from .api import open_store
 
     store = open_store(store_path)
     text = " ".join(query)
@@ -168,15 +168,15 @@ def probe(store_path: str, label: str, labels_file: str | None, label_column: st
           id_column: str, view_names: str | None, layers: bool, scalar_mix: str | None,
           folds: int, seed: int, out_dir: str | None) -> None:
     """Linear probes of every view: which layer and pooling carry the label?"""
-    from .load import open_store
-    from .probe import load_labels, run_probe
-    from .probe_report import table, write_outputs
+    from .analysis.probe import load_labels, run_probe
+    from .analysis.report import table, write_outputs
+    from .api import open_store
 
     store = open_store(store_path)
     labels = load_labels(store, label_column or label, labels_file, id_column).rename(label)
     views = view_names.split(",") if view_names else None
     if layers:
-        from .probe import single_layer_views
+        from .analysis.probe import single_layer_views
 
         views = single_layer_views(store, views)
     report = run_probe(store, labels, views, folds=folds, seed=seed, scalar_mix=scalar_mix)
@@ -194,8 +194,8 @@ def probe(store_path: str, label: str, labels_file: str | None, label_column: st
 @_user_errors
 def index(store_path: str, view: str, level: str, nprobe: int) -> None:
     """Build an approximate nearest-neighbour index (FAISS) beside the store."""
-    from .index import build_index
-    from .load import open_store
+    from .analysis.index import build_index
+    from .api import open_store
 
     path = build_index(open_store(store_path), view, level, nprobe=nprobe)
     click.echo(f"wrote {path}; bertpipe search uses it (--exact to scan instead)")

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.chunking import (
+from pipeline.extract.chunking import (
     Specials,
     chunk_partition,
     content_budget,

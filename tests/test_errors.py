@@ -166,7 +166,7 @@ def test_object_store_output_is_refused(tmp_path: Path, tiny_bert: Path,
 
 def test_roberta_pooler_warns_untrained(tmp_path: Path, tiny_roberta: Path, small_texts: Path,
                                         caplog: pytest.LogCaptureFixture) -> None:
-    from pipeline.partition import Extractor
+    from pipeline.extract.partition import Extractor
     from pipeline.spec import Job
 
     job = Job.from_dict(job_dict(small_texts, tiny_roberta, tmp_path / "o.zarr",

@@ -10,11 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 import pipeline
+from pipeline.analysis.search import QueryEncoder, top_k
 from pipeline.cli import main
 from pipeline.errors import StoreError
-from pipeline.geometry import fit, stats
-from pipeline.postprocess import load_transform, postprocess
-from pipeline.search import QueryEncoder, top_k
+from pipeline.post.apply import load_transform, postprocess
+from pipeline.post.geometry import fit, stats
 from tests.conftest import job_dict, write_job, write_table
 
 RNG = np.random.default_rng(11)
@@ -84,7 +84,7 @@ def built(tmp_path: Path, tiny_bert: Path, small_texts: Path) -> pipeline.Store:
 
 
 def test_exact_search_matches_brute_force(built: pipeline.Store, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import pipeline.search as search_module
+    import pipeline.analysis.search as search_module
 
     monkeypatch.setattr(search_module, "BLOCK_ROWS", 3)  # several blocks: exercise merging
     vectors = built.vectors("mean")
@@ -162,7 +162,7 @@ def test_empty_rows_never_match(tmp_path: Path, tiny_bert: Path) -> None:
     hits = top_k(store, np.ones((1, 32)), "mean", k=3)[0]
     assert sorted(h.row for h in hits) == [0, 2]
     if importlib.util.find_spec("faiss") is not None:  # the index leaves empty rows out too
-        from pipeline.index import build_index
+        from pipeline.analysis.index import build_index
 
         build_index(store, "mean")
         indexed = top_k(store, np.ones((1, 32)), "mean", k=3)[0]
@@ -196,7 +196,7 @@ def test_job_file_post_is_fitted_at_the_end(tmp_path: Path, tiny_bert: Path,
 
 def test_index_agrees_with_exact_search(tmp_path: Path) -> None:
     pytest.importorskip("faiss")
-    from pipeline.index import build_index
+    from pipeline.analysis.index import build_index
     from tests.test_probe import synthetic_store
 
     store = synthetic_store(tmp_path / "i.zarr")
@@ -216,7 +216,7 @@ def test_index_agrees_with_exact_search(tmp_path: Path) -> None:
 
 
 def test_postprocessed_view_in_inspect_and_probe(built: pipeline.Store) -> None:
-    from pipeline.probe import load_labels, run_probe
+    from pipeline.analysis.probe import load_labels, run_probe
 
     postprocess(built.path, "mean", "center")
     store = pipeline.open_store(built.path)

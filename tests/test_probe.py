@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 import pipeline
+from pipeline.analysis.probe import load_labels, run_probe
 from pipeline.cli import main
-from pipeline.partition import vector_array
-from pipeline.probe import load_labels, run_probe
+from pipeline.extract.partition import vector_array
 from pipeline.stores import Layout, Staging, format_module
 from tests.conftest import write_table
 
@@ -102,7 +102,7 @@ def test_deterministic_with_fixed_seed(store: pipeline.Store) -> None:
 def test_regression_labels(tmp_path: Path) -> None:
     store = synthetic_store(tmp_path / "r.zarr")
     target = store.vectors("l1_mean")[:, 0] * 3 + np.random.default_rng(1).normal(size=N) * 0.1
-    report = run_probe(store, pipeline.probe.pd.Series(target, name="score"))
+    report = run_probe(store, pipeline.analysis.probe.pd.Series(target, name="score"))
     assert report.task == "regression"
     best = report.best()
     assert best.view == "l1_mean" and best.metrics["r2"] > 0.9 and best.metrics["spearman"] > 0.9

@@ -105,7 +105,7 @@ def test_rows_keep_input_order_and_ids(store: pipeline.Store) -> None:
 
 def test_batch_invariance(minilm: Path, texts: list[str], tmp_path: Path) -> None:
     """A short text encoded alone equals the same text padded beside longer ones."""
-    from pipeline.partition import Extractor
+    from pipeline.extract.partition import Extractor
     from pipeline.spec import Job
 
     job = Job.from_dict(job_dict(tmp_path / "x.parquet", minilm, tmp_path / "o.zarr",
@@ -122,7 +122,7 @@ def test_batch_invariance(minilm: Path, texts: list[str], tmp_path: Path) -> Non
 def test_bfloat16_agrees_with_float32(minilm: Path, texts: list[str], tmp_path: Path,
                                       store: pipeline.Store) -> None:
     """dtype bfloat16 (half-precision weights, float32 pooling) stays within cosine 0.999."""
-    from pipeline.partition import Extractor
+    from pipeline.extract.partition import Extractor
     from pipeline.spec import Job
 
     raw = job_dict(tmp_path / "x.parquet", minilm, tmp_path / "o.zarr", views=VIEWS)

@@ -14,9 +14,9 @@ import xarray as xr
 
 import pipeline
 from pipeline.errors import StoreError
-from pipeline.partition import Extractor
-from pipeline.runner import run_job
-from pipeline.source import plan_partitions
+from pipeline.extract.partition import Extractor
+from pipeline.extract.source import plan_partitions
+from pipeline.run.runner import run_job
 from pipeline.spec import Job
 from tests.conftest import job_dict, write_table
 
@@ -140,7 +140,7 @@ def test_incomplete_store_does_not_open_and_resumes(fmt: str, tmp_path: Path, ti
                                                     small_texts: Path) -> None:
     """A run that dies after one partition leaves a store that is refused, then resumed."""
     job = _job(tmp_path, tiny_bert, small_texts, fmt)
-    from pipeline import runner
+    from pipeline.run import runner
 
     class DiesAfterFirst(runner.InProcessExecutor):
         def run(self, job, parts, staging, fingerprint, on_done):  # type: ignore[no-untyped-def]

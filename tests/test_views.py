@@ -9,8 +9,14 @@ from transformers import BertConfig
 from transformers.models.bert.modeling_bert import BertPooler
 
 from pipeline.errors import JobError
+from pipeline.extract.views import (
+    PoolContext,
+    forward_needs,
+    get_pooling,
+    resolve_layers,
+    resolve_views,
+)
 from pipeline.spec import ViewSpec
-from pipeline.views import PoolContext, forward_needs, get_pooling, resolve_layers, resolve_views
 
 RNG = np.random.default_rng(7)
 B, T, H = 4, 9, 6

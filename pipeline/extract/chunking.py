@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .spec import ChunkingSpec
+from ..spec import ChunkingSpec
 
 PARAGRAPH_BREAK = re.compile(r"\n[^\S\n]*(?:\r?\n[^\S\n]*)+")  # a blank line, any line endings
 SENTENCE_BREAK = re.compile(r"(?<=[.!?…])[\"'”’)\]]*\s+|(?<=[。！？])")

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .load import Store
+from ..api import Store
 
 
 def describe(store: Store) -> str:
@@ -78,7 +78,7 @@ def describe_geometry(store: Store, pairs: int = 2000, seed: int = 0,
                       max_rows: int = 20000) -> str:
     """Per view: mean cosine of random pairs, top-PC share, mean norm; raw and after each
     fix fitted on the same rows (a fixed-seed sample of at most `max_rows`)."""
-    from .geometry import fit, stats
+    from ..post.geometry import fit, stats
 
     n = int(store.docs.sizes["doc"])
     rng = np.random.default_rng(seed)

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import ModelError
+from ..spec import BatchingSpec
 from .batching import plan_batches
-from .errors import ModelError
 from .model import LoadedModel
-from .spec import BatchingSpec
 from .views import ForwardNeeds, PoolContext, ResolvedView
 
 AGGREGATES = ("mean", "mean_unweighted", "max", "first")

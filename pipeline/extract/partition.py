@@ -11,11 +11,11 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from ..spec import Job
 from .chunking import ChunkedPartition, Specials, chunk_partition, content_budget
 from .encode import Encoder, aggregate_chunks
 from .model import LoadedModel, load_config, load_model
 from .source import Partition, read_partition
-from .spec import Job
 from .views import ForwardNeeds, ResolvedView, forward_needs, resolve_views
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 import xarray as xr
 
 from .errors import StoreError
-from .source import read_text
+from .extract.source import read_text
 from .spec import InputSpec
 from .stores import detect_format
 
@@ -70,7 +70,7 @@ class Store:
                level: str = "docs", exact: bool = False) -> list[Any]:
         """Top-k rows for each query text (a list of `Hit` per query; one list for a str),
         encoded with this store's model, view and post-processing."""
-        from .search import search
+        from .analysis.search import search
 
         if isinstance(texts, str):
             return search(self, [texts], view, k, level, exact)[0]

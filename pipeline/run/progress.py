@@ -17,7 +17,7 @@ from rich.progress import (
 )
 from rich.progress import Progress as RichProgress
 
-from .source import Partition
+from ..extract.source import Partition
 
 LOG_EVERY_S = 10.0
 

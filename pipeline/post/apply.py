@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import StoreError
+from ..api import Store, open_store
+from ..errors import StoreError
+from ..stores import detect_format
 from .geometry import PostTransform, fit
-from .load import Store, open_store
-from .stores import detect_format
 
 
 def postprocess(store_path: str, view: str, method: str, dims: int | None = None,

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import JobError
+from ..errors import JobError
 
 METHODS = ("center", "whiten", "abtt")
 BLOCK_ROWS = 65536

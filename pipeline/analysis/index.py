@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BertpipeError, StoreError
-from .fileutil import write_json_atomic
-from .geometry import unit_rows
-from .load import Store
+from ..api import Store
+from ..errors import BertpipeError, StoreError
+from ..fileutil import write_json_atomic
+from ..post.geometry import unit_rows
 
 BLOCK_ROWS = 65536
 

@@ -17,11 +17,11 @@ from typing import Any, cast
 
 from distributed import WorkerPlugin
 
-from .errors import BertpipeError, JobError
+from ..errors import BertpipeError, JobError
+from ..extract.source import Partition
+from ..spec import Job
+from ..stores import Staging
 from .runner import Executor, OnDone, run_partition
-from .source import Partition
-from .spec import Job
-from .stores import Staging
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class ExtractorPlugin(WorkerPlugin):
     def run(self, part: Partition, store_path: str, fingerprint: str) -> dict[str, Any]:
         import torch
 
-        from .partition import Extractor
+        from ..extract.partition import Extractor
 
         assert self.lock is not None  # set in setup
         with self.lock:

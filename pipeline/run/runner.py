@@ -18,13 +18,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .errors import BertpipeError, InputError, JobError, PartitionError, StoreError
-from .model import load_config, model_fingerprint
-from .partition import Extractor
-from .source import Partition, plan_partitions
-from .spec import Job
-from .stores import FORMATS, Layout, Staging, format_module
+from ..errors import BertpipeError, InputError, JobError, PartitionError, StoreError
+from ..extract.model import load_config, model_fingerprint
+from ..extract.partition import Extractor
+from ..extract.source import Partition, plan_partitions
+from ..spec import Job
+from ..stores import FORMATS, Layout, Staging, format_module
+from ..version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def commit_store(job: Job, staging: Staging, parts: Sequence[Partition],
     post_views = [v for v in job.views if v.post]
     fmt.commit(job.output.path, staging, layout, {**provenance, "complete": not post_views})
     if post_views:
-        from .postprocess import postprocess
+        from ..post.apply import postprocess
 
         for view in post_views:
             assert view.post is not None
@@ -226,7 +226,7 @@ def executor_for(job: Job, say: Callable[[str], None] = log.info) -> Executor:
     if scheduler != "local" and "://" not in scheduler:
         raise JobError(f"execution.scheduler: {scheduler!r} is not local, synchronous or a "
                        "scheduler address like tcp://host:8786")
-    from .cluster import DaskExecutor
+    from .dask_executor import DaskExecutor
 
     return DaskExecutor(scheduler, job.execution.workers, job.execution.threads_per_worker, say)
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import JobError
-from .spec import ViewSpec
+from ..errors import JobError
+from ..spec import ViewSpec
 
 Tensor = torch.Tensor
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from .errors import ModelError
-from .fileutil import sha256_file
-from .spec import ModelSpec
+from ..errors import ModelError
+from ..fileutil import sha256_file
+from ..spec import ModelSpec
 
 log = logging.getLogger(__name__)
 

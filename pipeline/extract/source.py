@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import InputError
-from .spec import InputSpec
+from ..errors import InputError
+from ..spec import InputSpec
 
 
 @dataclass(frozen=True)

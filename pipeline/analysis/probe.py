@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .errors import BertpipeError
-from .load import Store
+from ..api import Store
+from ..errors import BertpipeError
 
 LINEAR_POOLINGS = ("mean", "cls", "attention", "last")
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from .errors import StoreError
-from .geometry import unit_rows
-from .load import Store
-from .model import model_fingerprint
-from .postprocess import load_transform, source_view
-from .source import read_text
-from .spec import InputSpec, Job
+from ..api import Store
+from ..errors import StoreError
+from ..extract.model import model_fingerprint
+from ..extract.source import read_text
+from ..post.apply import load_transform, source_view
+from ..post.geometry import unit_rows
+from ..spec import InputSpec, Job
 
 BLOCK_ROWS = 65536
 
@@ -37,7 +37,7 @@ class QueryEncoder:
     """Encodes texts into a store's view: its job, model and post-processing."""
 
     def __init__(self, store: Store, view: str):
-        from .partition import Extractor
+        from ..extract.partition import Extractor
 
         if view not in store.views:
             raise StoreError(f"--view: {view!r} is not a view of {store.path}; views: "
