@@ -78,7 +78,7 @@ def main() -> None:
     import pipeline
 
     for i, name in enumerate(inputs):
-        stats = pipeline.open_store(WORK / f"chunking-{i}.zarr").provenance["stats"]
+        stats = pipeline.open_store(WORK / f"chunking-{i}.zarr").provenance.stats
         wall = statistics.median(walls[name])
         print(f"{name:<32} {stats['rows']:>5} rows {stats['chunks']:>5} chunks "
               f"{stats['tokens']:>8} tokens  {wall:6.1f}s  {stats['tokens'] / wall:,.0f} tokens/s"

@@ -122,7 +122,7 @@ def main() -> None:
                                                                     args.st_batch))
     import pipeline
 
-    stats = pipeline.open_store(work / "out.zarr").provenance["stats"]
+    stats = pipeline.open_store(work / "out.zarr").provenance.stats
     encode_only = tokens / stats["partition_seconds"]
     print(f"{torch.cuda.get_device_name()}: bf16 matmul peak {peak / 1e12:.0f} TFLOP/s; "
           f"{args.rows} texts, {tokens} tokens; BERT-base {flop_per_token / 1e6:.0f} MFLOP/token")

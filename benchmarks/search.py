@@ -25,7 +25,7 @@ def synthetic_store(path: Path, rows: int, dim: int = 384, seed: int = 0) -> Pat
     """Clustered random vectors (so neighbours exist), committed part by part."""
     import pipeline
     from pipeline.extract.partition import vector_array
-    from pipeline.stores import Layout, Staging, format_module
+    from pipeline.stores import Layout, Staging, format_named
 
     if path.exists():
         try:
@@ -54,11 +54,15 @@ def synthetic_store(path: Path, rows: int, dim: int = 384, seed: int = 0) -> Pat
         staging.write_part(i, {"docs": table}, {"fingerprint": "synthetic"})
         indices.append(i)
     provenance = {"complete": True, "format_version": 1, "run_fingerprint": "synthetic",
-                  "job": {"views": {"v": {"pooling": "mean"}},
-                          "input": {"path": "", "text_column": "text"}},
-                  "model": {"config": {}}}
-    format_module("zarr").create(str(path), {"complete": False})
-    format_module("zarr").commit(str(path), staging, Layout(indices, rows, 0, False), provenance)
+                  "job": {"input": {"path": str(path.parent / "none.parquet"),
+                                    "text_column": "text"},
+                          "model": {"path": "synthetic/none"},
+                          "views": {"v": {"pooling": "mean"}}, "output": {"path": str(path)}},
+                  "model": {"path": "synthetic/none", "weights_sha256": {}, "config": {}},
+                  "versions": {}, "device": ["cpu"], "dtype": ["float32"],
+                  "created": "2026-01-01T00:00:00+00:00", "stats": {}}
+    format_named("zarr").create(str(path), {"complete": False})
+    format_named("zarr").commit(str(path), staging, Layout(indices, rows, 0, False), provenance)
     staging.remove()
     return path
 

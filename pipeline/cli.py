@@ -117,8 +117,10 @@ def postprocess(store_path: str, view: str, method: str, dims: int | None, top: 
                 normalize: bool, name: str | None) -> None:
     """Fit a geometry fix on a view and write the result as a new view of the store."""
     from .post.apply import postprocess as run
+    from .spec import PostSpec
 
-    target = run(store_path, view, method, dims=dims, d=top, normalize=normalize, name=name)
+    spec = PostSpec(method=method, dims=dims, d=top, normalize=normalize)
+    target = run(store_path, view, spec, name=name)
     click.echo(f"wrote view {target!r} ({method} of {view!r}) to {store_path}")
 
 

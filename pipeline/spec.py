@@ -51,6 +51,16 @@ class ChunkingSpec:
 
 
 @dataclass(frozen=True)
+class PostSpec:
+    """A geometry fix fitted on a view's documents (`post:` in a view, or `postprocess`)."""
+
+    method: str  # center | whiten | abtt
+    dims: int | None = None  # whiten: dimensions kept
+    d: int = 1  # abtt: top directions removed
+    normalize: bool = False
+
+
+@dataclass(frozen=True)
 class ViewSpec:
     """One output array: which hidden states, how they are combined, how tokens are pooled."""
 
@@ -61,7 +71,7 @@ class ViewSpec:
     weights: tuple[float, ...] | None = None
     gamma: float = 1.0
     normalize: bool = False
-    post: dict[str, Any] | None = None  # {method, dims, d, normalize}: fitted at job end
+    post: PostSpec | None = None  # fitted on the documents at the end of the run
 
 
 @dataclass(frozen=True)
@@ -210,7 +220,8 @@ def job_schema() -> dict[str, Any]:
 
 def _short_message(err: jsonschema.ValidationError) -> str:
     if err.validator == "additionalProperties":
-        allowed = sorted(err.schema.get("properties", {}))
+        schema = err.schema if isinstance(err.schema, dict) else {}
+        allowed = sorted(schema.get("properties", {}))
         return f"{err.message}; allowed keys: {', '.join(allowed)}"
     if err.validator == "oneOf" and err.path and err.path[-1] == "layers":
         return f"{err.instance!r} is not valid: use 'all', an integer, or a list of integers"
@@ -234,12 +245,12 @@ def _view_from_dict(name: str, body: dict[str, Any]) -> ViewSpec:
     )
 
 
-def _post_from(raw: str | dict[str, Any] | None) -> dict[str, Any] | None:
+def _post_from(raw: str | dict[str, Any] | None) -> PostSpec | None:
     if raw is None:
         return None
-    body = {"method": raw} if isinstance(raw, str) else dict(raw)
-    return {"method": body["method"], "dims": body.get("dims"), "d": int(body.get("d", 1)),
-            "normalize": bool(body.get("normalize", False))}
+    body: dict[str, Any] = {"method": raw} if isinstance(raw, str) else dict(raw)
+    return PostSpec(method=body["method"], dims=body.get("dims"), d=int(body.get("d", 1)),
+                    normalize=bool(body.get("normalize", False)))
 
 
 def _check_consistency(job: Job) -> None:

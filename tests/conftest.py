@@ -138,3 +138,17 @@ def small_texts(tmp_path: Path) -> Path:
         "text": texts,
         "label": ["pos", "neg", "pos", "neg", "neg", "pos", "pos", "neg", "neg", "pos"],
     })
+
+
+def synthetic_provenance(store: Path, views: dict[str, Any], carry: tuple[str, ...] = (),
+                         n_layers: int = 0) -> dict[str, Any]:
+    """A complete store's provenance for vectors made without a model (synthetic tests)."""
+    job = {"input": {"path": str(store.parent / "input.parquet"), "text_column": "text",
+                     "carry_columns": list(carry)},
+           "model": {"path": "synthetic/none"},
+           "views": views, "output": {"path": str(store)}}
+    return {"complete": True, "format_version": 1, "run_fingerprint": "synthetic", "job": job,
+            "model": {"path": "synthetic/none", "weights_sha256": {},
+                      "config": {"num_hidden_layers": n_layers}},
+            "versions": {}, "device": ["cpu"], "dtype": ["float32"],
+            "created": "2026-01-01T00:00:00+00:00", "stats": {}}

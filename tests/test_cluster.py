@@ -107,7 +107,7 @@ def assert_same(store: pipeline.Store, reference: pipeline.Store, exact: bool = 
 
 
 def test_cluster_run_matches_in_process(clean: dict[str, pipeline.Store]) -> None:
-    assert clean["cluster"].provenance["stats"]["partitions"] == 12
+    assert clean["cluster"].provenance.stats["partitions"] == 12
     assert_same(clean["cluster"], clean["inproc"], exact=False)
 
 

@@ -15,6 +15,7 @@ from pipeline.cli import main
 from pipeline.errors import StoreError
 from pipeline.post.apply import load_transform, postprocess
 from pipeline.post.geometry import fit, stats
+from pipeline.spec import PostSpec
 from tests.conftest import job_dict, write_job, write_table
 
 RNG = np.random.default_rng(11)
@@ -183,7 +184,7 @@ def test_job_file_post_is_fitted_at_the_end(tmp_path: Path, tiny_bert: Path,
     result = CliRunner().invoke(main, ["extract", str(write_job(tmp_path / "j.yaml", job))])
     assert result.exit_code == 0, result.output
     store = pipeline.open_store(out)
-    assert store.provenance["complete"] is True and store.views == ["raw", "white", "centered"]
+    assert store.provenance.complete is True and store.views == ["raw", "white", "centered"]
     raw = store.vectors("raw").astype(np.float64)
     np.testing.assert_allclose(store.vectors("centered"), raw - raw.mean(0), atol=1e-5)
     white = store.vectors("white").astype(np.float64)
@@ -218,7 +219,7 @@ def test_index_agrees_with_exact_search(tmp_path: Path) -> None:
 def test_postprocessed_view_in_inspect_and_probe(built: pipeline.Store) -> None:
     from pipeline.analysis.probe import load_labels, run_probe
 
-    postprocess(built.path, "mean", "center")
+    postprocess(built.path, "mean", PostSpec("center"))
     store = pipeline.open_store(built.path)
     out = CliRunner().invoke(main, ["inspect", store.path])
     assert out.exit_code == 0, out.output

@@ -44,7 +44,7 @@ def store(topics: list[str], minilm: Path, tmp_path_factory: pytest.TempPathFact
 
 
 def test_every_token_is_covered(store: pipeline.Store) -> None:
-    stats = store.provenance["stats"]
+    stats = store.provenance.stats
     assert stats["tokens_covered"] == stats["tokens"] > 10_000
     assert not store.docs["truncated"].values.any()
     n_chunks = store.docs["n_chunks"].values

@@ -15,8 +15,8 @@ import pipeline
 from pipeline.analysis.probe import load_labels, run_probe
 from pipeline.cli import main
 from pipeline.extract.partition import vector_array
-from pipeline.stores import Layout, Staging, format_module
-from tests.conftest import write_table
+from pipeline.stores import Layout, Staging, format_named
+from tests.conftest import synthetic_provenance, write_table
 
 N, H, LAYERS = 240, 16, 4  # hidden states 0..3
 CLASSES = np.array(["neg", "neu", "pos"])
@@ -45,17 +45,12 @@ def synthetic_store(path: Path, informative_layer: int = 2, seed: int = 0,
         views[f"l{layer}_mean"] = {"layers": [layer], "pooling": "mean"}
     columns["noise"] = vector_array(rng.normal(size=(N, H)), "float32")
     views["noise"] = {"layers": [-1], "combine": "none", "pooling": "max"}
-    provenance = {
-        "complete": True, "format_version": 1,
-        "job": {"views": views, "input": {"path": str(path), "text_column": "text",
-                                          "carry_columns": ["label"]}},
-        "model": {"config": {"num_hidden_layers": LAYERS - 1}},
-    }
+    provenance = synthetic_provenance(path, views, carry=("label",), n_layers=LAYERS - 1)
     staging = Staging(path)
     staging.begin({"run_fingerprint": "x"})
     staging.write_part(0, {"docs": pa.table(columns)}, {"fingerprint": "x"})
-    format_module("zarr").create(str(path), {"complete": False})
-    format_module("zarr").commit(str(path), staging, Layout([0], N, 0, False), provenance)
+    format_named("zarr").create(str(path), {"complete": False})
+    format_named("zarr").commit(str(path), staging, Layout([0], N, 0, False), provenance)
     return pipeline.open_store(path)
 
 

@@ -62,11 +62,11 @@ def test_round_trip_open_store(fmt: str, tmp_path: Path, tiny_bert: Path,
     assert store.chunks is not None and store.chunks.sizes["chunk"] == 10
     np.testing.assert_array_equal(store.chunks["doc"].values, np.arange(10))
     prov = store.provenance
-    assert prov["complete"] is True and prov["format_version"] == 1
-    assert prov["job"]["views"]["cat"]["combine"] == "concat"
-    assert len(next(iter(prov["model"]["weights_sha256"].values()))) == 64
-    assert set(prov["versions"]) == {"bertpipe", "torch", "transformers"}
-    assert prov["device"] == ["cpu"] and prov["dtype"] == ["float32"]
+    assert prov.complete is True and prov.format_version == 1
+    assert prov.job.view("cat").combine == "concat"
+    assert len(next(iter(prov.model.weights_sha256.values()))) == 64
+    assert set(prov.versions) == {"bertpipe", "torch", "transformers"}
+    assert prov.device == ["cpu"] and prov.dtype == ["float32"]
     assert not (Path(job.output.path) / "_bertpipe").exists()
 
 
@@ -131,8 +131,7 @@ def test_rerun_skips_and_changed_job_is_refused(fmt: str, tmp_path: Path, tiny_b
         run_job(changed)
     np.testing.assert_array_equal(pipeline.open_store(job.output.path).vectors("mean"), before)
     run_job(changed, overwrite=True)
-    assert pipeline.open_store(job.output.path).provenance["job"]["views"]["mean"][
-        "pooling"] == "max"
+    assert pipeline.open_store(job.output.path).provenance.job.view("mean").pooling == "max"
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

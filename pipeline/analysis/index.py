@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from ..api import Store
 from ..errors import BertpipeError, StoreError
 from ..fileutil import write_json_atomic
 from ..post.geometry import unit_rows
+from ..stores.opened import StoreData as Store
 
 BLOCK_ROWS = 65536
 
@@ -70,7 +70,7 @@ def build_index(store: Store, view: str, level: str = "docs", nprobe: int = 16,
     tmp.replace(path)
     write_json_atomic(meta, {"view": view, "level": level, "rows": n, "nlist": nlist,
                              "nprobe": index.nprobe, "kind": "faiss IVF-flat, inner product",
-                             "run_fingerprint": store.provenance.get("run_fingerprint")})
+                             "run_fingerprint": store.provenance.run_fingerprint})
     return path
 
 
@@ -82,7 +82,7 @@ def load_index(store: Store, view: str, level: str) -> Any | None:
     info = json.loads(meta.read_text())
     data = store.docs if level == "docs" else store.chunks
     size = data.sizes["doc" if level == "docs" else "chunk"] if data is not None else -1
-    if info.get("run_fingerprint") != store.provenance.get("run_fingerprint") or \
+    if info.get("run_fingerprint") != store.provenance.run_fingerprint or \
             info.get("rows") != size:
         return None
     return _read_index(str(path), path.stat().st_mtime_ns, int(info.get("nprobe", 16)))

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from ..api import Store
+from ..spec import ViewSpec
+from ..stores.opened import StoreData as Store
 
 
 def describe(store: Store) -> str:
@@ -17,40 +16,37 @@ def describe(store: Store) -> str:
     truncated = np.asarray(docs["truncated"].values, dtype=bool)
     n_tokens = np.asarray(docs["n_tokens"].values)
     lines = [
-        f"store      {store.path} ({store.format}, format version {prov.get('format_version')})",
+        f"store      {store.path} ({store.format}, format version {prov.format_version})",
         f"rows       {n}",
         f"coverage   {int((status == 'ok').sum())} ok, {int((status != 'ok').sum())} empty, "
         f"{int(truncated.sum())} truncated; {int(n_tokens.sum())} tokens in documents",
         "views",
     ]
     for name in store.views:
-        var = docs[name]
-        post = prov.get("post", {}).get(name)
-        spec = prov["job"]["views"].get(name)
-        text = _view_text(spec) if spec else f"from view {post['source']}"
+        spec = prov.view_spec(name)
+        post = prov.post.get(name)
+        text = _view_text(spec) if spec else f"from view {post.source if post else '?'}"
         if post:
-            text += f", post {post['method']} (fitted on {post['fitted_rows']} rows)"
-        lines.append(f"  {name:<12} width {var.shape[1]:<5} {text}")
+            text += f", post {post.method} (fitted on {post.fitted_rows} rows)"
+        lines.append(f"  {name:<12} width {docs[name].shape[1]:<5} {text}")
     lines.extend(_chunk_lines(store))
-    model = prov.get("model", {})
-    versions = prov.get("versions", {})
+    model = prov.model
     lines += [
-        f"model      {model.get('path')} ({model.get('config', {}).get('model_type', '?')})",
+        f"model      {model.path} ({model.model_type})",
         "weights    " + ", ".join(f"{k} sha256:{v[:12]}" for k, v in
-                                   model.get("weights_sha256", {}).items()),
-        f"ran on     {', '.join(prov.get('device', []))} "
-        f"({', '.join(prov.get('dtype', []))}), {prov.get('created')}",
-        "versions   " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+                                   model.weights_sha256.items()),
+        f"ran on     {', '.join(prov.device)} ({', '.join(prov.dtype)}), {prov.created}",
+        "versions   " + ", ".join(f"{k} {v}" for k, v in prov.versions.items()),
     ]
     return "\n".join(lines)
 
 
-def _view_text(spec: dict[str, Any]) -> str:
-    layers = spec.get("layers")
-    text = f"pooling {spec['pooling']}, layers {layers}"
-    if spec.get("combine", "none") != "none":
-        text += f", combine {spec['combine']}"
-    if spec.get("normalize"):
+def _view_text(spec: ViewSpec) -> str:
+    layers = list(spec.layers) if isinstance(spec.layers, tuple) else spec.layers
+    text = f"pooling {spec.pooling}, layers {layers}"
+    if spec.combine != "none":
+        text += f", combine {spec.combine}"
+    if spec.normalize:
         text += ", normalized"
     return text
 
@@ -65,7 +61,7 @@ def _chunk_lines(store: Store) -> list[str]:
             f"median {float(np.median(per_doc)):g}, max {int(per_doc.max())}; "
             f"{100 * float((per_doc > 1).mean()):.1f}% of documents chunked")
     lines = [line]
-    stats = store.provenance.get("stats", {})
+    stats = store.provenance.stats
     if "tokens_covered" in stats:
         total, covered = stats["tokens"], stats["tokens_covered"]
         share = 100 * covered / total if total else 100.0

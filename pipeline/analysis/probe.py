@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..api import Store
 from ..errors import BertpipeError
+from ..stores.opened import StoreData as Store
 
 LINEAR_POOLINGS = ("mean", "cls", "attention", "last")
 
@@ -106,7 +106,7 @@ def load_labels(store: Store, label: str, labels_file: str | None = None,
     """The label per store row (index = row), from a carried column or a joined file."""
     if labels_file is None:
         if label not in store.docs:
-            carried = store.provenance["job"]["input"].get("carry_columns", [])
+            carried = store.provenance.job.input.carry_columns
             raise ProbeError(f"--label: {label!r} is not a carried column of the store "
                              f"(carried: {', '.join(carried) or 'none'}); or pass --labels FILE")
         return pd.Series(np.asarray(store.docs[label].values))
@@ -167,20 +167,19 @@ def _encode_labels(y: np.ndarray, task: str, folds: int) -> tuple[np.ndarray, di
 
 
 def _view_layer_pooling(store: Store, name: str) -> tuple[int | None, str]:
-    post = store.provenance.get("post", {}).get(name)
+    prov = store.provenance
+    post = prov.post.get(name)
+    spec = prov.view_spec(prov.source_view(name))
+    assert spec is not None  # a store's post views always derive from an extracted view
     if post is not None:  # a post-processed view: not a plain layer x pooling cell
-        source = store.provenance["job"]["views"][post["source"]]
-        return None, f"{source['pooling']}+{post['method']}"
-    spec = store.provenance["job"]["views"][name]
-    layers = spec.get("layers", [-1])
-    n_layers = int(store.provenance["model"]["config"].get("num_hidden_layers", 0)
-                   or store.provenance["model"]["config"].get("n_layers", 0))
-    if spec["pooling"] == "pooler":
+        return None, f"{spec.pooling}+{post.method}"
+    n_layers = prov.model.n_layers
+    if spec.pooling == "pooler":
         return n_layers, "pooler"
-    if isinstance(layers, list) and len(layers) == 1:
-        i = layers[0]
-        return (i + n_layers + 1 if i < 0 else i), spec["pooling"]
-    return None, spec["pooling"]
+    if isinstance(spec.layers, tuple) and len(spec.layers) == 1:
+        i = spec.layers[0]
+        return (i + n_layers + 1 if i < 0 else i), spec.pooling
+    return None, spec.pooling
 
 
 def _splits(y: np.ndarray, task: str, folds: int, seed: int) -> list[tuple[np.ndarray,
@@ -268,9 +267,9 @@ def layer_views(store: Store, pooling: str) -> list[str]:
     found: dict[int, str] = {}
     for name in store.views:
         layer, pool = _view_layer_pooling(store, name)
-        spec = store.provenance["job"]["views"][name]
-        if layer is not None and pool == pooling and spec.get("combine", "none") == "none" \
-                and not spec.get("normalize"):
+        spec = store.provenance.view_spec(name)
+        if layer is not None and spec is not None and pool == pooling \
+                and spec.combine == "none" and not spec.normalize:
             found.setdefault(layer, name)
     n_layers = max(found, default=-1)
     missing = [i for i in range(n_layers + 1) if i not in found]

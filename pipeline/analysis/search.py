@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from ..api import Store
 from ..errors import StoreError
 from ..extract.model import model_fingerprint
+from ..extract.partition import Extractor
 from ..extract.source import read_text
-from ..post.apply import load_transform, source_view
+from ..post.apply import load_transform
 from ..post.geometry import unit_rows
-from ..spec import InputSpec, Job
+from ..stores.opened import StoreData as Store
 
 BLOCK_ROWS = 65536
 
@@ -37,14 +37,12 @@ class QueryEncoder:
     """Encodes texts into a store's view: its job, model and post-processing."""
 
     def __init__(self, store: Store, view: str):
-        from ..extract.partition import Extractor
-
         if view not in store.views:
             raise StoreError(f"--view: {view!r} is not a view of {store.path}; views: "
                              f"{', '.join(store.views)}")
-        job = Job.from_dict(store.provenance["job"])
-        source = source_view(store, view)
-        recorded = store.provenance["model"]["weights_sha256"]
+        job = store.provenance.job
+        source = store.provenance.source_view(view)
+        recorded = store.provenance.model.weights_sha256
         if model_fingerprint(job.model.path)["weights_sha256"] != recorded:
             raise StoreError(f"model.path: the weights at {job.model.path} differ from those "
                              f"that made {store.path}; queries would not be comparable")
@@ -110,13 +108,12 @@ def search(store: Store, texts: Sequence[str], view: str | None = None, k: int =
 def snippet(store: Store, hit: Hit, width: int = 120) -> str:
     """The hit's text (its chunk's span, for chunk hits) from a carried text column or
     the job's input table; empty when neither is available."""
-    spec = store.provenance["job"]["input"]
-    column = spec["text_column"]
+    spec = store.provenance.job.input
     try:
-        if column in store.docs:
-            text = str(np.asarray(store.docs[column][hit.row].values))
+        if spec.text_column in store.docs:
+            text = str(np.asarray(store.docs[spec.text_column][hit.row].values))
         else:
-            text = read_text(InputSpec(spec["path"], column, spec.get("id_column")), hit.row)
+            text = read_text(spec, hit.row)
     except Exception:  # noqa: BLE001 - the input may have moved; the hit stands without it
         return ""
     if hit.span is not None:

@@ -2,66 +2,61 @@
 
 The fitted parameters (mean, matrix) are stored beside the view (`post/<view>` in Zarr,
 `post/<view>.npz` in Parquet) and described in the provenance under `post`, so queries
-and other stores get exactly the same transform.
+and other stores get exactly the same transform. The commit step of a run calls
+`fit_view` directly on the store it is writing; `postprocess` is the same on a finished
+store (`bertpipe postprocess`).
 """
 
 from __future__ import annotations
 
-import copy
-from typing import Any
-
 import numpy as np
+import xarray as xr
 
-from ..api import Store, open_store
 from ..errors import StoreError
-from ..stores import detect_format
+from ..spec import PostSpec
+from ..stores.base import StoreFormat
+from ..stores.opened import StoreData, open_store_data
+from ..stores.provenance import PostInfo, Provenance
 from .geometry import PostTransform, fit
 
 
-def postprocess(store_path: str, view: str, method: str, dims: int | None = None,
-                d: int = 1, normalize: bool = False, name: str | None = None,
-                replace: bool = False) -> str:
-    """Fit `method` on the documents of `view`, write the new view at every stored level.
+def fit_view(fmt: StoreFormat, path: str, docs: xr.Dataset, has_chunks: bool,
+             provenance: Provenance, source: str, target: str, spec: PostSpec) -> Provenance:
+    """Fit `spec` on the documents of view `source`, write view `target` at every stored
+    level with its parameters; returns the provenance that records it (not yet written)."""
+    transform = fit(docs[source].data, spec.method, dims=spec.dims, d=spec.d,
+                    normalize=spec.normalize)
+    levels = ["docs"] + (["chunks"] if has_chunks else [])
+    fmt.write_params(path, target, _params(transform))
+    fmt.add_view(path, source, target, transform.apply, levels)
+    info = PostInfo(source=source, method=spec.method, dims=spec.dims, d=spec.d,
+                    normalize=spec.normalize, width=transform.width,
+                    fitted_rows=int((np.asarray(docs["status"].values) == "ok").sum()))
+    return provenance.with_post(target, info)
 
-    Returns the new view's name. With `replace`, the view is transformed in place (used by
-    the job-file `post` key before the store is marked complete).
-    """
-    store = open_store(store_path, require_complete=not replace)
+
+def postprocess(store_path: str, view: str, spec: PostSpec, name: str | None = None) -> str:
+    """Add view `name` (default VIEW_METHOD) = `spec` fitted on `view` to a complete store."""
+    store = open_store_data(store_path)
     if view not in store.views:
         raise StoreError(f"--view: {view!r} is not a view of {store_path}; views: "
                          f"{', '.join(store.views)}")
-    target = view if replace else (name or f"{view}_{method}")
-    if not replace and target in store.views:
+    target = name or f"{view}_{spec.method}"
+    if target in store.views:
         raise StoreError(f"--name: {target!r} already exists in {store_path}")
-    transform = fit(store.docs[view].data, method, dims=dims, d=d, normalize=normalize)
-    module = detect_format(store_path)
-    levels = ["docs"] + (["chunks"] if store.chunks is not None else [])
-    module.write_params(store_path, target, _params(transform))
-    module.add_view(store_path, view, target, transform.apply, levels)
-    provenance = copy.deepcopy(store.provenance)
-    provenance.setdefault("post", {})[target] = {
-        "source": view, "method": method, "dims": dims, "d": d, "normalize": normalize,
-        "width": transform.width,
-        "fitted_rows": int((np.asarray(store.docs["status"].values) == "ok").sum()),
-    }
-    module.update_provenance(store_path, provenance)
+    provenance = fit_view(store.fmt, store_path, store.docs, store.chunks is not None,
+                          store.provenance, view, target, spec)
+    store.fmt.update_provenance(store_path, provenance.to_dict())
     return target
 
 
-def load_transform(store: Store, view: str) -> PostTransform | None:
+def load_transform(store: StoreData, view: str) -> PostTransform | None:
     """The fitted transform of a post-processed view (None for a plain view)."""
-    info = store.provenance.get("post", {}).get(view)
+    info = store.provenance.post.get(view)
     if info is None:
         return None
-    params = detect_format(store.path).read_params(store.path, view)
-    matrix = params.get("matrix")
-    return PostTransform(info["method"], params["mean"], matrix, bool(info["normalize"]))
-
-
-def source_view(store: Store, view: str) -> str:
-    """The extracted view a (possibly post-processed) view derives from."""
-    info: dict[str, Any] | None = store.provenance.get("post", {}).get(view)
-    return str(info["source"]) if info else view
+    params = store.fmt.read_params(store.path, view)
+    return PostTransform(info.method, params["mean"], params.get("matrix"), info.normalize)
 
 
 def _params(transform: PostTransform) -> dict[str, np.ndarray]:

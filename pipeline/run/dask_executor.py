@@ -17,11 +17,12 @@ from typing import Any, cast
 
 from distributed import WorkerPlugin
 
-from ..errors import BertpipeError, JobError
+from ..errors import JobError
+from ..extract.partition import Extractor
 from ..extract.source import Partition
 from ..spec import Job
 from ..stores import Staging
-from .runner import Executor, OnDone, run_partition
+from .executors import Failures, OnDone, failure_reason, run_partition
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,6 @@ class ExtractorPlugin(WorkerPlugin):
     def run(self, part: Partition, store_path: str, fingerprint: str) -> dict[str, Any]:
         import torch
 
-        from ..extract.partition import Extractor
-
         assert self.lock is not None  # set in setup
         with self.lock:
             # Nanny workers start with OMP_NUM_THREADS=1 and OpenMP's thread count is per
@@ -74,7 +73,7 @@ def _partition_task(part: Partition, store_path: str, fingerprint: str, plugin: 
     return state.run(part, store_path, fingerprint)
 
 
-class DaskExecutor(Executor):
+class DaskExecutor:
     def __init__(self, scheduler: str, workers: int | None = None,
                  threads_per_worker: int | None = None, say: Callable[[str], None] = log.info):
         self.scheduler = scheduler
@@ -84,7 +83,7 @@ class DaskExecutor(Executor):
         self.dashboard: str | None = None
 
     def run(self, job: Job, parts: Sequence[Partition], staging: Staging, fingerprint: str,
-            on_done: OnDone) -> list[tuple[Partition, str]]:
+            on_done: OnDone) -> Failures:
         from distributed import as_completed
 
         if not parts:
@@ -107,11 +106,8 @@ class DaskExecutor(Executor):
                 part = futures[future]
                 try:
                     marker = future.result()
-                except BertpipeError as exc:
-                    failures.append((part, str(exc)))
-                    continue
                 except Exception as exc:  # noqa: BLE001 - reported per partition, not raised
-                    failures.append((part, f"{type(exc).__name__}: {exc}"))
+                    failures.append((part, failure_reason(exc)))
                     continue
                 on_done(part, marker)
             return failures

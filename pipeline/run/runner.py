@@ -13,27 +13,31 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import BertpipeError, InputError, JobError, PartitionError, StoreError
+from ..errors import InputError, JobError, PartitionError, StoreError
 from ..extract.model import load_config, model_fingerprint
-from ..extract.partition import Extractor
 from ..extract.source import Partition, plan_partitions
+from ..post.apply import fit_view
 from ..spec import Job
-from ..stores import FORMATS, Layout, Staging, format_module
+from ..stores import FORMATS, Layout, Staging, format_named
+from ..stores.provenance import (
+    FORMAT_VERSION,
+    ModelInfo,
+    Provenance,
+    fingerprint_of,
+    is_complete,
+)
 from ..version import __version__
+from .executors import Executor, InProcessExecutor, OnDone
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-
-# on_plan(all partitions, pending partitions) once after planning, then
-# on_done(partition, marker) once per finished partition: progress reporting hooks.
+# on_plan(all partitions, pending partitions) once after planning: progress reporting.
 OnPlan = Callable[[Sequence[Partition], Sequence[Partition]], None]
-OnDone = Callable[[Partition, dict[str, Any]], None]
 
 
 @dataclass
@@ -65,22 +69,6 @@ def run_fingerprint(job: Job, model: dict[str, Any]) -> str:
     blob = json.dumps({"job": job.fingerprint(), "weights": model["weights_sha256"]},
                       sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()
-
-
-def run_partition(extractor: Extractor, staging: Staging, part: Partition,
-                  fingerprint: str) -> dict[str, Any]:
-    """Encode one partition and leave its parts and marker in the store."""
-    start = time.perf_counter()
-    tables = extractor.run(part)
-    marker = {
-        "fingerprint": fingerprint,
-        "rows": [part.row_start, part.row_stop],
-        **tables.stats,
-        "device": str(extractor.model.device),
-        "dtype": str(extractor.model.compute_dtype).removeprefix("torch."),
-        "seconds": time.perf_counter() - start,
-    }
-    return staging.write_part(part.index, {"docs": tables.docs, "chunks": tables.chunks}, marker)
 
 
 def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None = None,
@@ -143,24 +131,24 @@ def prepare_store(job: Job, fingerprint: str, overwrite: bool) -> Staging | None
     elif path.exists():
         provenance = _stored_provenance(str(path))
         info = staging.run_info() or {}
-        existing = provenance.get("run_fingerprint") or info.get("run_fingerprint")
+        existing = fingerprint_of(provenance) or fingerprint_of(info)
         if existing is None and (path.is_file() or any(path.iterdir())):
             raise StoreError(f"output.path: {path} exists and is not a bertpipe store; "
                              "choose another path or pass --overwrite")
         if existing is not None and existing != fingerprint:
             raise StoreError(f"output.path: {path} holds output of a different job or model; "
                              "pass --overwrite to replace it or choose another output.path")
-        if provenance.get("complete"):
+        if is_complete(provenance):
             return None
-    format_module(job.output.format).create(
+    format_named(job.output.format).create(
         str(path), {"complete": False, "run_fingerprint": fingerprint})
     staging.begin({"run_fingerprint": fingerprint, "job": job.to_dict()})
     return staging
 
 
 def _stored_provenance(path: str) -> dict[str, Any]:
-    for module in FORMATS.values():
-        provenance = module.read_provenance(path)
+    for fmt in FORMATS.values():
+        provenance = fmt.read_provenance(path)
         if provenance:
             return dict(provenance)
     return {}
@@ -176,36 +164,38 @@ def commit_store(job: Job, staging: Staging, parts: Sequence[Partition],
         has_chunks="chunks" in job.output.levels,
     )
     provenance = build_provenance(job, markers, model, fingerprint)
-    fmt = format_module(job.output.format)
-    post_views = [v for v in job.views if v.post]
-    fmt.commit(job.output.path, staging, layout, {**provenance, "complete": not post_views})
+    fmt = format_named(job.output.format)
+    path = job.output.path
+    fmt.commit(path, staging, layout, provenance.to_dict())
+    post_views = [v for v in job.views if v.post is not None]
     if post_views:
-        from ..post.apply import postprocess
-
+        docs, _ = fmt.open_datasets(path)
         for view in post_views:
-            assert view.post is not None
-            postprocess(job.output.path, view.name, replace=True, **view.post)
-        final = fmt.read_provenance(job.output.path) or provenance
-        fmt.update_provenance(job.output.path, {**final, "complete": True})
+            assert view.post is not None  # narrowed by the filter above
+            provenance = fit_view(fmt, path, docs, layout.has_chunks, provenance, view.name,
+                                  view.name, view.post)
+    # why last: a reader that sees `complete` sees every array and post view
+    fmt.update_provenance(path, replace(provenance, complete=True).to_dict())
     staging.remove()
 
 
 def build_provenance(job: Job, markers: Sequence[dict[str, Any]], model: dict[str, Any],
-                     fingerprint: str) -> dict[str, Any]:
+                     fingerprint: str) -> Provenance:
+    """The provenance of a finished run, still marked incomplete."""
     import torch
     import transformers
 
-    return {
-        "format_version": FORMAT_VERSION,
-        "run_fingerprint": fingerprint,
-        "job": job.to_dict(),
-        "model": model,
-        "versions": {"bertpipe": __version__, "torch": torch.__version__,
-                     "transformers": transformers.__version__},
-        "device": sorted({m["device"] for m in markers}),
-        "dtype": sorted({m["dtype"] for m in markers}),
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "stats": {
+    return Provenance(
+        format_version=FORMAT_VERSION,
+        run_fingerprint=fingerprint,
+        job=job,
+        model=ModelInfo(**model),
+        versions={"bertpipe": __version__, "torch": torch.__version__,
+                  "transformers": transformers.__version__},
+        device=sorted({m["device"] for m in markers}),
+        dtype=sorted({m["dtype"] for m in markers}),
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        stats={
             "rows": sum(m["rows"][1] - m["rows"][0] for m in markers),
             "chunks": sum(m["n_chunks"] for m in markers),
             "tokens": sum(m["n_tokens"] for m in markers),
@@ -214,8 +204,8 @@ def build_provenance(job: Job, markers: Sequence[dict[str, Any]], model: dict[st
             "partitions": len(markers),
             "partition_seconds": round(sum(m["seconds"] for m in markers), 3),
         },
-        "complete": True,
-    }
+        complete=False,
+    )
 
 
 def executor_for(job: Job, say: Callable[[str], None] = log.info) -> Executor:
@@ -226,36 +216,6 @@ def executor_for(job: Job, say: Callable[[str], None] = log.info) -> Executor:
     if scheduler != "local" and "://" not in scheduler:
         raise JobError(f"execution.scheduler: {scheduler!r} is not local, synchronous or a "
                        "scheduler address like tcp://host:8786")
-    from .dask_executor import DaskExecutor
+    from .dask_executor import DaskExecutor  # why here: importing distributed costs ~1 s
 
     return DaskExecutor(scheduler, job.execution.workers, job.execution.threads_per_worker, say)
-
-
-class Executor:
-    """Runs partitions; returns the ones that failed with a one-line reason each."""
-
-    def run(self, job: Job, parts: Sequence[Partition], staging: Staging, fingerprint: str,
-            on_done: OnDone) -> list[tuple[Partition, str]]:
-        raise NotImplementedError
-
-
-class InProcessExecutor(Executor):
-    """Everything in this process, one partition after another (`scheduler: synchronous`)."""
-
-    def __init__(self, extractor: Extractor | None = None):
-        self.extractor = extractor
-
-    def run(self, job: Job, parts: Sequence[Partition], staging: Staging, fingerprint: str,
-            on_done: OnDone) -> list[tuple[Partition, str]]:
-        if not parts:
-            return []
-        extractor = self.extractor or Extractor(job)
-        failures = []
-        for part in parts:
-            try:
-                marker = run_partition(extractor, staging, part, fingerprint)
-            except BertpipeError as exc:
-                failures.append((part, str(exc)))
-                continue
-            on_done(part, marker)
-        return failures

@@ -1,30 +1,29 @@
-"""Store formats behind one interface: create, is_store, read_provenance, commit,
-open_datasets. The runner and the notebook API pick a module from `FORMATS`."""
+"""Store formats behind one protocol (`StoreFormat`), the staging area that workers write
+into, the typed provenance, and opening a finished store (`open_store`)."""
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from ..errors import StoreError
-from . import parquet_store, zarr_store
-from .base import Layout
+from .base import Layout, StoreFormat
+from .parquet_store import ParquetFormat
 from .staging import Staging
+from .zarr_store import ZarrFormat
 
-FORMATS: dict[str, ModuleType] = {"zarr": zarr_store, "parquet": parquet_store}
+FORMATS: dict[str, StoreFormat] = {"zarr": ZarrFormat(), "parquet": ParquetFormat()}
 
 
-def format_module(name: str) -> ModuleType:
+def format_named(name: str) -> StoreFormat:
     try:
         return FORMATS[name]
     except KeyError:
         raise StoreError(f"output.format: unknown {name!r}; valid: {', '.join(FORMATS)}") from None
 
 
-def detect_format(path: str) -> ModuleType:
-    for module in FORMATS.values():
-        if module.is_store(path):
-            return module
+def detect_format(path: str) -> StoreFormat:
+    for fmt in FORMATS.values():
+        if fmt.is_store(path):
+            return fmt
     raise StoreError(f"{path}: not a bertpipe store (no zarr.json or docs.parquet)")
 
 
-__all__ = ["FORMATS", "Layout", "Staging", "detect_format", "format_module"]
+__all__ = ["FORMATS", "Layout", "Staging", "StoreFormat", "detect_format", "format_named"]

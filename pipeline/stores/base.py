@@ -1,11 +1,19 @@
-"""What every store format shares: the layout of a finished run and vector columns."""
+"""What every store format shares: the layout of a finished run, vector columns, and the
+`StoreFormat` protocol that each format class implements (mypy checks it)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+
+if TYPE_CHECKING:  # typing only: staging imports nothing from here at run time
+    import xarray as xr
+
+    from .staging import Staging
 
 
 @dataclass(frozen=True)
@@ -16,6 +24,33 @@ class Layout:
     n_docs: int
     n_chunks: int
     has_chunks: bool
+
+
+class StoreFormat(Protocol):
+    """One on-disk format. Provenance crosses this boundary as the plain dict that is
+    stored; `stores.provenance` is the one place that turns it into a typed object."""
+
+    name: str
+
+    def create(self, path: str, provenance: dict[str, Any]) -> None: ...
+
+    def is_store(self, path: str) -> bool: ...
+
+    def read_provenance(self, path: str) -> dict[str, Any] | None: ...
+
+    def commit(self, path: str, staging: Staging, layout: Layout,
+               provenance: dict[str, Any]) -> None: ...
+
+    def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]: ...
+
+    def add_view(self, path: str, source: str, name: str,
+                 fn: Callable[[np.ndarray], np.ndarray], levels: Sequence[str]) -> None: ...
+
+    def write_params(self, path: str, name: str, params: dict[str, np.ndarray]) -> None: ...
+
+    def read_params(self, path: str, name: str) -> dict[str, np.ndarray]: ...
+
+    def update_provenance(self, path: str, provenance: dict[str, Any]) -> None: ...
 
 
 def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -29,27 +29,6 @@ ROW_GROUP_ROWS = 32768
 METADATA_KEY = b"bertpipe"
 
 
-def create(path: str, provenance: dict[str, Any]) -> None:
-    Path(path).mkdir(parents=True, exist_ok=True)
-
-
-def is_store(path: str) -> bool:
-    return (Path(path) / "docs.parquet").exists()
-
-
-def read_provenance(path: str) -> dict[str, Any] | None:
-    file = Path(path) / "docs.parquet"
-    return _metadata(file) if file.exists() else None
-
-
-def commit(path: str, staging: Staging, layout: Layout, provenance: dict[str, Any]) -> None:
-    root = Path(path)
-    if layout.has_chunks:
-        _write(root / "chunks.parquet", staging.read_parts("chunks", layout.indices), None)
-    docs = (t.drop_columns(["row"]) for t in staging.read_parts("docs", layout.indices))
-    _write(root / "docs.parquet", docs, provenance)
-
-
 def _write(file: Path, parts: Iterator[pa.Table], provenance: dict[str, Any] | None) -> None:
     tmp = file.with_name(f".{file.name}.{uuid.uuid4().hex}")
     writer: pq.ParquetWriter | None = None
@@ -80,15 +59,6 @@ def _writer(file: Path, schema: pa.Schema, provenance: dict[str, Any] | None) ->
         use_dictionary=others,  # why: dictionaries only bloat float vectors
         use_byte_stream_split=[f"{name}.list.element" for name in vectors],
     )
-
-
-def open_datasets(path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
-    root = Path(path)
-    docs = _dataset(root / "docs.parquet", "doc")
-    docs = docs.set_coords("id")
-    chunks_file = root / "chunks.parquet"
-    chunks = _dataset(chunks_file, "chunk") if chunks_file.exists() else None
-    return docs, chunks
 
 
 def _dataset(file: Path, dim: str) -> xr.Dataset:
@@ -122,17 +92,6 @@ def _read_block(file: str, group: int, column: str) -> np.ndarray:
     return col.to_numpy()
 
 
-def add_view(path: str, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
-             levels: Sequence[str]) -> None:
-    """Rewrite each level's file with column `name` = fn(`source`), row group by row group.
-
-    `docs.parquet` is rewritten last by `update_provenance`, which also records the view.
-    """
-    for level in levels:
-        file = Path(path) / f"{level}.parquet"
-        _write(file, _with_column(file, source, name, fn), _metadata(file))
-
-
 def _with_column(file: Path, source: str, name: str,
                  fn: Callable[[np.ndarray], np.ndarray]) -> Iterator[pa.Table]:
     pf = pq.ParquetFile(file)
@@ -155,20 +114,59 @@ def _metadata(file: Path) -> dict[str, Any] | None:
     return json.loads(raw) if raw else None
 
 
-def write_params(path: str, name: str, params: dict[str, np.ndarray]) -> None:
-    folder = Path(path) / "post"
-    folder.mkdir(exist_ok=True)
-    tmp = folder / f".{name}.{uuid.uuid4().hex}.npz"
-    np.savez(tmp, **params)  # type: ignore[arg-type]  # numpy stubs miss **kwargs arrays
-    os.replace(tmp, folder / f"{name}.npz")
+class ParquetFormat:
+    """The Parquet store format (see the module docstring for its layout)."""
 
+    name = "parquet"
 
-def read_params(path: str, name: str) -> dict[str, np.ndarray]:
-    with np.load(Path(path) / "post" / f"{name}.npz") as data:
-        return {key: data[key] for key in data.files}
+    def create(self, path: str, provenance: dict[str, Any]) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
 
+    def is_store(self, path: str) -> bool:
+        return (Path(path) / "docs.parquet").exists()
 
-def update_provenance(path: str, provenance: dict[str, Any]) -> None:
-    file = Path(path) / "docs.parquet"
-    pf = pq.ParquetFile(file)
-    _write(file, (pf.read_row_group(g) for g in range(pf.num_row_groups)), provenance)
+    def read_provenance(self, path: str) -> dict[str, Any] | None:
+        file = Path(path) / "docs.parquet"
+        return _metadata(file) if file.exists() else None
+
+    def commit(self, path: str, staging: Staging, layout: Layout,
+               provenance: dict[str, Any]) -> None:
+        root = Path(path)
+        if layout.has_chunks:
+            _write(root / "chunks.parquet", staging.read_parts("chunks", layout.indices), None)
+        docs = (t.drop_columns(["row"]) for t in staging.read_parts("docs", layout.indices))
+        _write(root / "docs.parquet", docs, provenance)
+
+    def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
+        root = Path(path)
+        docs = _dataset(root / "docs.parquet", "doc")
+        docs = docs.set_coords("id")
+        chunks_file = root / "chunks.parquet"
+        chunks = _dataset(chunks_file, "chunk") if chunks_file.exists() else None
+        return docs, chunks
+
+    def add_view(self, path: str, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
+                 levels: Sequence[str]) -> None:
+        """Rewrite each level's file with column `name` = fn(`source`), row group by row group.
+
+        `docs.parquet` is rewritten last by `update_provenance`, which also records the view.
+        """
+        for level in levels:
+            file = Path(path) / f"{level}.parquet"
+            _write(file, _with_column(file, source, name, fn), _metadata(file))
+
+    def write_params(self, path: str, name: str, params: dict[str, np.ndarray]) -> None:
+        folder = Path(path) / "post"
+        folder.mkdir(exist_ok=True)
+        tmp = folder / f".{name}.{uuid.uuid4().hex}.npz"
+        np.savez(tmp, **params)  # type: ignore[arg-type]  # numpy stubs miss **kwargs arrays
+        os.replace(tmp, folder / f"{name}.npz")
+
+    def read_params(self, path: str, name: str) -> dict[str, np.ndarray]:
+        with np.load(Path(path) / "post" / f"{name}.npz") as data:
+            return {key: data[key] for key in data.files}
+
+    def update_provenance(self, path: str, provenance: dict[str, Any]) -> None:
+        file = Path(path) / "docs.parquet"
+        pf = pq.ParquetFile(file)
+        _write(file, (pf.read_row_group(g) for g in range(pf.num_row_groups)), provenance)

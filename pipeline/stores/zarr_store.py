@@ -25,37 +25,9 @@ from .base import Layout, column_matrix
 from .staging import Staging
 
 ROWS_PER_CHUNK = 8192
+# Writers open with use_consolidated=False: the consolidated metadata is rewritten once, last,
+# and a writer must see the groups added since.
 COMPRESSOR = zarr.codecs.BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")
-
-
-def create(path: str, provenance: dict[str, Any]) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        zarr.open_group(path, mode="a", attributes={"bertpipe": provenance})
-
-
-def is_store(path: str) -> bool:
-    return (Path(path) / "zarr.json").exists()
-
-
-def read_provenance(path: str) -> dict[str, Any] | None:
-    try:
-        group = zarr.open_group(path, mode="r")
-    except (FileNotFoundError, ValueError, zarr.errors.GroupNotFoundError):
-        return None
-    prov = group.attrs.get("bertpipe")
-    return dict(prov) if isinstance(prov, dict) else None
-
-
-def commit(path: str, staging: Staging, layout: Layout, provenance: dict[str, Any]) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # string arrays: zarr warns the vlen spec is young
-        root = zarr.open_group(path, mode="a")
-        _write_level(root, "docs", staging.read_parts("docs", layout.indices), layout.n_docs)
-        if layout.has_chunks:
-            _write_level(root, "chunks", staging.read_parts("chunks", layout.indices),
-                         layout.n_chunks)
-    update_provenance(path, provenance)
 
 
 def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int) -> None:
@@ -93,16 +65,6 @@ def _numpy(column: pa.ChunkedArray) -> np.ndarray:
     return column.to_numpy()
 
 
-def open_datasets(path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
-    root = zarr.open_group(path, mode="r")
-    ids = root["ids"]
-    docs = _dataset(root["docs"], coords={"id": ("doc", da.from_zarr(ids))})
-    # views being written by postprocess live under a temporary dot-name until done
-    docs = docs.drop_vars([v for v in docs.data_vars if str(v).startswith(".")])
-    chunks = _dataset(root["chunks"], {}) if "chunks" in root else None
-    return docs, chunks
-
-
 def _dataset(group: Any, coords: dict[str, Any]) -> xr.Dataset:
     variables = {}
     for name, array in group.arrays():
@@ -111,57 +73,94 @@ def _dataset(group: Any, coords: dict[str, Any]) -> xr.Dataset:
     return xr.Dataset(variables, coords=coords)
 
 
+class ZarrFormat:
+    """The Zarr v3 store format (see the module docstring for its layout)."""
 
-def add_view(path: str, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
-             levels: Sequence[str]) -> None:
-    """Write `name` = fn(`source`) block by block at each level, beside the source.
+    name = "zarr"
 
-    Written under a temporary name and moved into place, so replacing a view in place
-    never reads and writes the same array; the caller updates the provenance last.
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        root: Any = zarr.open_group(path, mode="a")
-        for level in levels:
-            group = root[level]
-            src = group[source]
-            n = src.shape[0]
-            tmp_name = f".{name}.tmp"
-            out: Any = None
-            for start in range(0, n, ROWS_PER_CHUNK):
-                block = fn(np.asarray(src[start : start + ROWS_PER_CHUNK], dtype=np.float64))
-                block = block.astype(src.dtype)
-                if out is None:
-                    out = group.create_array(
-                        tmp_name, shape=(n, block.shape[1]), dtype=src.dtype,
-                        chunks=(min(ROWS_PER_CHUNK, max(n, 1)), block.shape[1]),
-                        compressors=COMPRESSOR, dimension_names=(src.metadata.dimension_names[0],
-                                                                 f"{name}_dim"),
-                        overwrite=True)
-                out[start : start + len(block)] = block
-            level_dir = Path(path) / level
-            shutil.rmtree(level_dir / name, ignore_errors=True)
-            os.replace(level_dir / tmp_name, level_dir / name)
+    def create(self, path: str, provenance: dict[str, Any]) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            zarr.open_group(path, mode="a", attributes={"bertpipe": provenance})
 
+    def is_store(self, path: str) -> bool:
+        return (Path(path) / "zarr.json").exists()
 
-def write_params(path: str, name: str, params: dict[str, np.ndarray]) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        group: Any = zarr.open_group(path, mode="a").require_group("post").require_group(name)
-        for key, value in params.items():
-            dims = tuple(f"{name}_{key}_{i}" for i in range(value.ndim))
-            group.create_array(key, shape=value.shape, dtype=value.dtype, overwrite=True,
-                               dimension_names=dims)[...] = value
+    def read_provenance(self, path: str) -> dict[str, Any] | None:
+        try:
+            group = zarr.open_group(path, mode="r")
+        except (FileNotFoundError, ValueError, zarr.errors.GroupNotFoundError):
+            return None
+        prov = group.attrs.get("bertpipe")
+        return dict(prov) if isinstance(prov, dict) else None
 
+    def commit(self, path: str, staging: Staging, layout: Layout,
+               provenance: dict[str, Any]) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # string arrays: zarr warns the vlen spec is young
+            root = zarr.open_group(path, mode="a", use_consolidated=False)
+            _write_level(root, "docs", staging.read_parts("docs", layout.indices), layout.n_docs)
+            if layout.has_chunks:
+                _write_level(root, "chunks", staging.read_parts("chunks", layout.indices),
+                             layout.n_chunks)
+        self.update_provenance(path, provenance)
 
-def read_params(path: str, name: str) -> dict[str, np.ndarray]:
-    root: Any = zarr.open_group(path, mode="r")
-    group = root["post"][name]
-    return {key: np.asarray(array[...]) for key, array in group.arrays()}
+    def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
+        root = zarr.open_group(path, mode="r")
+        ids = root["ids"]
+        docs = _dataset(root["docs"], coords={"id": ("doc", da.from_zarr(ids))})
+        # views being written by postprocess live under a temporary dot-name until done
+        docs = docs.drop_vars([v for v in docs.data_vars if str(v).startswith(".")])
+        chunks = _dataset(root["chunks"], {}) if "chunks" in root else None
+        return docs, chunks
 
+    def add_view(self, path: str, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
+                 levels: Sequence[str]) -> None:
+        """Write `name` = fn(`source`) block by block at each level, beside the source.
 
-def update_provenance(path: str, provenance: dict[str, Any]) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        zarr.open_group(path, mode="a").update_attributes({"bertpipe": provenance})
-        zarr.consolidate_metadata(path)
+        Written under a temporary name and moved into place, so replacing a view in place
+        never reads and writes the same array; the caller updates the provenance last.
+        """
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            root: Any = zarr.open_group(path, mode="a", use_consolidated=False)
+            for level in levels:
+                group = root[level]
+                src = group[source]
+                n = src.shape[0]
+                tmp_name = f".{name}.tmp"
+                out: Any = None
+                for start in range(0, n, ROWS_PER_CHUNK):
+                    block = fn(np.asarray(src[start : start + ROWS_PER_CHUNK], dtype=np.float64))
+                    block = block.astype(src.dtype)
+                    if out is None:
+                        out = group.create_array(
+                            tmp_name, shape=(n, block.shape[1]), dtype=src.dtype,
+                            chunks=(min(ROWS_PER_CHUNK, max(n, 1)), block.shape[1]),
+                            compressors=COMPRESSOR,
+                            dimension_names=(src.metadata.dimension_names[0], f"{name}_dim"),
+                            overwrite=True)
+                    out[start : start + len(block)] = block
+                level_dir = Path(path) / level
+                shutil.rmtree(level_dir / name, ignore_errors=True)
+                os.replace(level_dir / tmp_name, level_dir / name)
+
+    def write_params(self, path: str, name: str, params: dict[str, np.ndarray]) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            group: Any = zarr.open_group(path, mode="a", use_consolidated=False).require_group("post").require_group(name)
+            for key, value in params.items():
+                dims = tuple(f"{name}_{key}_{i}" for i in range(value.ndim))
+                group.create_array(key, shape=value.shape, dtype=value.dtype, overwrite=True,
+                                   dimension_names=dims)[...] = value
+
+    def read_params(self, path: str, name: str) -> dict[str, np.ndarray]:
+        root: Any = zarr.open_group(path, mode="r")
+        group = root["post"][name]
+        return {key: np.asarray(array[...]) for key, array in group.arrays()}
+
+    def update_provenance(self, path: str, provenance: dict[str, Any]) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            zarr.open_group(path, mode="a", use_consolidated=False).update_attributes({"bertpipe": provenance})
+            zarr.consolidate_metadata(path)

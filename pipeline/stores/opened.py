@@ -1,0 +1,75 @@
+"""Opening a finished store: its format, typed provenance and lazy datasets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from ..errors import StoreError
+from . import detect_format
+from .base import StoreFormat
+from .provenance import Provenance
+
+
+@dataclass
+class StoreData:
+    """An opened output store.
+
+    `docs`: one row per input row (dim `doc`, coordinate `id`), every view as a
+    (doc, <view>_dim) variable; `chunks`: one row per chunk (dim `chunk`) or None when
+    the job stored documents only; `provenance`: the job, model and versions that made it.
+    """
+
+    path: str
+    fmt: StoreFormat
+    provenance: Provenance
+    docs: xr.Dataset
+    chunks: xr.Dataset | None
+
+    @property
+    def format(self) -> str:
+        return self.fmt.name
+
+    @property
+    def views(self) -> list[str]:
+        """Extracted views, then views added by `bertpipe postprocess`."""
+        return self.provenance.views
+
+    def level(self, level: str) -> xr.Dataset:
+        data = self.docs if level == "docs" else self.chunks
+        if data is None:
+            raise StoreError(f"{self.path}: chunk vectors were not stored (output.levels)")
+        return data
+
+    def vectors(self, view: str, level: str = "docs") -> np.ndarray:
+        """One view as an in-memory (N, D) array."""
+        data = self.docs if level == "docs" else self.chunks
+        if data is None or view not in data:
+            raise StoreError(f"{self.path}: no view {view!r} at level {level}; "
+                             f"views: {', '.join(self.views)}")
+        return np.asarray(data[view].values)
+
+    def __repr__(self) -> str:
+        n = self.docs.sizes.get("doc", 0)
+        return f"Store({self.path!r}, format={self.format}, docs={n}, views={self.views})"
+
+
+def open_store_data(path: str | Path, require_complete: bool = True) -> StoreData:
+    """Open a bertpipe store (Zarr or Parquet) lazily; incomplete ones are refused."""
+    path = str(path)
+    if not Path(path).exists():
+        raise StoreError(f"{path}: no such store")
+    fmt = detect_format(path)
+    raw = fmt.read_provenance(path) or {}
+    if require_complete and not raw.get("complete"):
+        raise StoreError(f"{path}: store is incomplete (its job has not finished; rerun it "
+                         "to resume)")
+    if not raw.get("job"):
+        raise StoreError(f"{path}: store is incomplete and has no provenance yet; rerun its "
+                         "job to resume")
+    provenance = Provenance.from_dict(raw, path)
+    docs, chunks = fmt.open_datasets(path)
+    return StoreData(path, fmt, provenance, docs, chunks)
