@@ -38,9 +38,11 @@ test: install
 test-fast: install
 	$(BIN)/pytest -q -m "not slow and not cluster"
 
+# ruff, mypy, and the layer contract in pyproject.toml ([tool.importlinter])
 lint: install
 	$(BIN)/ruff check pipeline tests benchmarks
 	$(BIN)/mypy pipeline
+	$(BIN)/lint-imports
 
 # Throughput, agreement and memory against sentence-transformers (about 15 minutes).
 bench: install model

@@ -148,7 +148,8 @@ class ZarrFormat:
     def write_params(self, path: str, name: str, params: dict[str, np.ndarray]) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            group: Any = zarr.open_group(path, mode="a", use_consolidated=False).require_group("post").require_group(name)
+            root: Any = zarr.open_group(path, mode="a", use_consolidated=False)
+            group = root.require_group("post").require_group(name)
             for key, value in params.items():
                 dims = tuple(f"{name}_{key}_{i}" for i in range(value.ndim))
                 group.create_array(key, shape=value.shape, dtype=value.dtype, overwrite=True,
@@ -162,5 +163,6 @@ class ZarrFormat:
     def update_provenance(self, path: str, provenance: dict[str, Any]) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            zarr.open_group(path, mode="a", use_consolidated=False).update_attributes({"bertpipe": provenance})
+            root = zarr.open_group(path, mode="a", use_consolidated=False)
+            root.update_attributes({"bertpipe": provenance})
             zarr.consolidate_metadata(path)
