@@ -11,7 +11,9 @@ bertpipe[index]`).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ from ..post.geometry import unit_rows
 from ..stores.opened import StoreData as Store
 
 BLOCK_ROWS = 65536
+log = logging.getLogger(__name__)
 
 
 def _faiss() -> Any:
@@ -84,6 +87,11 @@ def load_index(store: Store, view: str, level: str) -> Any | None:
     size = data.sizes["doc" if level == "docs" else "chunk"] if data is not None else -1
     if info.get("run_fingerprint") != store.provenance.run_fingerprint or \
             info.get("rows") != size:
+        return None
+    if importlib.util.find_spec("faiss") is None:
+        # why not an error: the exact scan gives the same (or better) answer, only slower
+        log.warning("%s has an index but FAISS is not installed; searching exactly "
+                    "(pip install 'bertpipe[index]' to use the index)", path)
         return None
     return _read_index(str(path), path.stat().st_mtime_ns, int(info.get("nprobe", 16)))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -42,11 +43,18 @@ class Progress:
             self._bar.stop()
 
     def message(self, text: str) -> None:
+        """One line on stderr; off a terminal it starts with an ISO timestamp, so a
+        scheduler's log keeps when each step happened."""
+        if not self.interactive:
+            text = f"{datetime.now().astimezone().isoformat(timespec='seconds')} {text}"
         print(text, file=sys.stderr, flush=True)
 
     def start(self, parts: Sequence[Partition], pending: Sequence[Partition]) -> None:
         self.total_rows = sum(p.n_rows for p in pending)
         skipped = len(parts) - len(pending)
+        files = len({p.file for p in parts})
+        self.message(f"plan: {files} file{'s' * (files != 1)}, {parts[-1].row_stop if parts else 0}"
+                     f" rows, {len(parts)} partitions, {len(pending)} to run")
         if skipped:
             self.message(f"resuming: {skipped} of {len(parts)} partitions already done")
         if self.interactive and pending:
