@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import os
 import string
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+
+import pipeline
+from pipeline.extract.partition import vector_array
+from pipeline.stores import Layout, Staging, format_named
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -93,6 +99,22 @@ def minilm() -> Path:
     return Path(gt.get_model_path())
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """One torch and BLAS thread for probe fits on test-sized data (hundreds of rows): on a
+    shared 2-core machine the thread hand-offs cost more than they save (~5x slower)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(1):
+            yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def reviews() -> pa.Table:
     return pq.read_table(REVIEWS)
@@ -152,3 +174,40 @@ def synthetic_provenance(store: Path, views: dict[str, Any], carry: tuple[str, .
                       "config": {"num_hidden_layers": n_layers}},
             "versions": {}, "device": ["cpu"], "dtype": ["float32"],
             "created": "2026-01-01T00:00:00+00:00", "stats": {}}
+
+
+SYNTHETIC_ROWS, SYNTHETIC_WIDTH, SYNTHETIC_LAYERS = 240, 16, 4  # hidden states 0..3
+CLASSES = np.array(["neg", "neu", "pos"])
+
+
+def synthetic_store(path: Path, informative_layer: int = 2, seed: int = 0,
+                    labels: np.ndarray | None = None) -> pipeline.Store:
+    """Single-layer mean views l0..l3 where only `informative_layer` separates the classes,
+    plus a pure-noise view; written through the real staging + commit path."""
+    n, width, n_states = SYNTHETIC_ROWS, SYNTHETIC_WIDTH, SYNTHETIC_LAYERS
+    rng = np.random.default_rng(seed)
+    y = labels if labels is not None else CLASSES[rng.integers(0, 3, n)]
+    codes = np.unique(y, return_inverse=True)[1]
+    centers = rng.normal(size=(3, width)) * 1.5
+    columns: dict[str, pa.Array] = {
+        "row": pa.array(np.arange(n)), "id": pa.array([f"d{i}" for i in range(n)]),
+        "n_tokens": pa.array(np.full(n, 10)), "n_chunks": pa.array(np.ones(n, np.int64)),
+        "truncated": pa.array(np.zeros(n, bool)), "status": pa.array(["ok"] * n),
+        "label": pa.array(y.tolist()),
+    }
+    views = {}
+    for layer in range(n_states):
+        x = rng.normal(size=(n, width))
+        if layer == informative_layer:
+            x += centers[codes]
+        columns[f"l{layer}_mean"] = vector_array(x, "float32")
+        views[f"l{layer}_mean"] = {"layers": [layer], "pooling": "mean"}
+    columns["noise"] = vector_array(rng.normal(size=(n, width)), "float32")
+    views["noise"] = {"layers": [-1], "combine": "none", "pooling": "max"}
+    provenance = synthetic_provenance(path, views, carry=("label",), n_layers=n_states - 1)
+    staging = Staging(path)
+    staging.begin({"run_fingerprint": "x"})
+    staging.write_part(0, {"docs": pa.table(columns)}, {"fingerprint": "x"})
+    format_named("zarr").create(str(path), {"complete": False})
+    format_named("zarr").commit(str(path), staging, Layout([0], n, 0, False), provenance)
+    return pipeline.open_store(path)

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pipeline.extract.aggregate import aggregate_chunks
 from pipeline.extract.batching import padding_efficiency, plan_batches
-from pipeline.extract.encode import aggregate_chunks
 
 V = np.array([[1.0, 4.0], [3.0, 0.0], [10.0, -2.0], [5.0, 5.0]], dtype=np.float32)
 DOC = np.array([0, 0, 0, 2])

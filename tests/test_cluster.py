@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,9 +25,21 @@ from pipeline.cli import main
 from tests.conftest import REVIEWS, job_dict, write_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-BIN = Path(sys.executable).parent
 VIEWS = {"mean": {"pooling": "mean"}, "cls": {"pooling": "cls"},
          "l2": {"layers": [2], "pooling": "max"}}
+
+
+def command(script: str, subcommand: tuple[str, ...], module: str) -> list[str]:
+    """A console script of this interpreter's environment, else the same entry point run by
+    this interpreter (`python -m ...`). A script found elsewhere on PATH may belong to
+    another environment, so it is not used."""
+    beside = shutil.which(script, path=str(Path(sys.executable).parent))
+    return [beside, *subcommand] if beside else [sys.executable, "-m", module]
+
+
+DASK_SCHEDULER = command("dask", ("scheduler",), "distributed.cli.dask_scheduler")
+DASK_WORKER = command("dask", ("worker",), "distributed.cli.dask_worker")
+BERTPIPE = command("bertpipe", (), "pipeline.cli")
 
 
 @contextlib.contextmanager
@@ -35,7 +48,7 @@ def dask_cluster(tmp: Path, n_workers: int = 2) -> Iterator[tuple[str, list[subp
     killed worker stays dead)."""
     sched_file = tmp / "scheduler.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([BIN / "dask", "scheduler", "--host", "127.0.0.1", "--port", "0",
+    procs = [subprocess.Popen([*DASK_SCHEDULER, "--host", "127.0.0.1", "--port", "0",
                                "--no-dashboard", "--scheduler-file", str(sched_file)],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
     try:
@@ -43,7 +56,7 @@ def dask_cluster(tmp: Path, n_workers: int = 2) -> Iterator[tuple[str, list[subp
         address = json.loads(sched_file.read_text())["address"]
         for i in range(n_workers):
             procs.append(subprocess.Popen(
-                [BIN / "dask", "worker", address, "--nthreads", "1", "--no-nanny",
+                [*DASK_WORKER, address, "--nthreads", "1", "--no-nanny",
                  "--no-dashboard", "--name", f"w{i}"],
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         from distributed import Client
@@ -117,10 +130,22 @@ def test_killed_worker_mid_job_gives_identical_store(tmp_path: Path, source: Pat
     job = make_job(tmp_path, source, minilm, "killed")
     parts = tmp_path / "killed.zarr" / "_bertpipe" / "parts"
     with dask_cluster(tmp_path) as (address, procs):
-        runner = subprocess.Popen([BIN / "bertpipe", "extract", str(job), "--scheduler", address],
+        runner = subprocess.Popen([*BERTPIPE, "extract", str(job), "--scheduler", address],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        _wait_for(lambda: len(list(parts.glob("*.done.json"))) >= 2, 120)
-        procs[1].send_signal(signal.SIGKILL)  # a worker dies with tasks assigned to it
+        from distributed import Client
+
+        with Client(address, timeout="30s") as observer:
+            victim = next(a for a, w in observer.scheduler_info()["workers"].items()
+                          if w["name"] == "w0")  # procs[1]
+            held: list[str] = []
+
+            def victim_is_busy() -> bool:
+                held[:] = observer.processing([victim]).get(victim, ())
+                return len(list(parts.glob("*.done.json"))) >= 2 and bool(held)
+
+            _wait_for(victim_is_busy, 120)
+            procs[1].send_signal(signal.SIGKILL)  # the worker dies holding a partition
+        assert held and all("-part-" in str(key) for key in held), held
         out, _ = runner.communicate(timeout=180)
         assert runner.returncode == 0, out
     assert_same(pipeline.open_store(tmp_path / "killed.zarr"), clean["cluster"])
@@ -131,7 +156,7 @@ def test_killed_client_resumes_to_identical_store(tmp_path: Path, source: Path, 
     job = make_job(tmp_path, source, minilm, "resumed")
     parts = tmp_path / "resumed.zarr" / "_bertpipe" / "parts"
     with dask_cluster(tmp_path) as (address, _):
-        runner = subprocess.Popen([BIN / "bertpipe", "extract", str(job), "--scheduler", address],
+        runner = subprocess.Popen([*BERTPIPE, "extract", str(job), "--scheduler", address],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_for(lambda: len(list(parts.glob("*.done.json"))) >= 3, 120)
         runner.send_signal(signal.SIGKILL)

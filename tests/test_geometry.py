@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from pipeline.errors import StoreError
 from pipeline.post.apply import load_transform, postprocess
 from pipeline.post.geometry import fit, stats
 from pipeline.spec import PostSpec
-from tests.conftest import job_dict, write_job, write_table
+from tests.conftest import job_dict, synthetic_store, write_job, write_table
 
 RNG = np.random.default_rng(11)
 
@@ -138,12 +139,49 @@ def test_postprocess_writes_view_with_its_transform(tmp_path: Path, tiny_bert: P
     assert len(searched.stdout.strip().splitlines()) == 3
 
 
-def test_inspect_geometry_reports_each_fix(built: pipeline.Store) -> None:
-    result = CliRunner().invoke(main, ["inspect", built.path, "--geometry", "--sample", "500"])
+GEOMETRY_ROW = re.compile(r"^  (\S+)\s+(raw|center|whiten|abtt d=1)\s+(\S+)\s+(\S+)\s+(\S+)$")
+
+
+def geometry_figures(x: np.ndarray, pairs: int, seed: int) -> tuple[float, float, float]:
+    """Mean cosine of the seeded random pairs, top-PC variance share, mean norm (float64)."""
+    rng = np.random.default_rng(seed)  # the pairs the report names: distinct, seeded
+    i = rng.integers(0, len(x), pairs)
+    j = (i + rng.integers(1, len(x), pairs)) % len(x)
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    eigvals = np.linalg.eigvalsh(np.cov(x, rowvar=False, bias=True))
+    return (float(np.mean(np.sum(unit[i] * unit[j], axis=1))),
+            float(eigvals[-1] / eigvals.sum()), float(np.linalg.norm(x, axis=1).mean()))
+
+
+def fixed(x: np.ndarray, fix: str) -> np.ndarray:
+    """Each fix by a different route than the project's: ZCA whitening (a rotation of
+    PCA whitening, so cosines, norms and variance shares are the same), SVD for abtt."""
+    c = x - x.mean(0)
+    if fix == "center":
+        return c
+    if fix == "whiten":
+        eigval, eigvec = np.linalg.eigh(np.cov(c, rowvar=False, bias=True))
+        return c @ eigvec @ np.diag(eigval ** -0.5) @ eigvec.T
+    top = np.linalg.svd(c, full_matrices=False)[2][0]
+    return c - np.outer(c @ top, top)
+
+
+def test_inspect_geometry_figures_match_numpy(tmp_path: Path) -> None:
+    store = synthetic_store(tmp_path / "geo.zarr")  # 240 rows x 16: full-rank covariance
+    result = CliRunner().invoke(main, ["inspect", store.path, "--geometry", "--sample", "500"])
     assert result.exit_code == 0, result.output
-    for fix in ("raw", "center", "whiten", "abtt d=1"):
-        assert fix in result.stdout
-    assert "500 random pairs" in result.stdout
+    assert "240 rows, mean cosine over 500 random pairs (seed 0)" in result.stdout
+    rows = [m.groups() for m in map(GEOMETRY_ROW.match, result.stdout.splitlines()) if m]
+    assert len(rows) == 4 * len(store.views)
+    for view, fix, cos, top_pc, norm in rows:
+        x = store.vectors(view).astype(np.float64)
+        y = x if fix == "raw" else fixed(x, fix.split()[0])
+        want = geometry_figures(y, 500, 0)
+        np.testing.assert_allclose([float(cos), float(top_pc), float(norm)], want, atol=1.5e-3,
+                                   err_msg=f"{view} {fix}")
+    # whitened: identity covariance, so each of the 16 directions holds 1/16 of the variance
+    whitened = [float(pc) for _, fix, _, pc, _ in rows if fix == "whiten"]
+    assert whitened == pytest.approx([1 / 16] * len(store.views), abs=1e-3)
 
 
 def test_search_shows_snippets(built: pipeline.Store, tmp_path: Path) -> None:
@@ -198,8 +236,6 @@ def test_job_file_post_is_fitted_at_the_end(tmp_path: Path, tiny_bert: Path,
 def test_index_agrees_with_exact_search(tmp_path: Path) -> None:
     pytest.importorskip("faiss")
     from pipeline.analysis.index import build_index
-    from tests.test_probe import synthetic_store
-
     store = synthetic_store(tmp_path / "i.zarr")
     queries = RNG.normal(size=(20, 16))
     exact = top_k(store, queries, "l2_mean", k=10, exact=True)
@@ -216,7 +252,8 @@ def test_index_agrees_with_exact_search(tmp_path: Path) -> None:
                 assert h.score == pytest.approx(common[h.row], abs=1e-5)
 
 
-def test_postprocessed_view_in_inspect_and_probe(built: pipeline.Store) -> None:
+def test_postprocessed_view_in_inspect_and_probe(built: pipeline.Store, one_thread: None
+                                                 ) -> None:
     from pipeline.analysis.probe import load_labels, run_probe
 
     postprocess(built.path, "mean", PostSpec("center"))

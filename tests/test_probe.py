@@ -7,51 +7,22 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
 import pipeline
 from pipeline.analysis.probe import load_labels, run_probe
 from pipeline.cli import main
-from pipeline.extract.partition import vector_array
-from pipeline.stores import Layout, Staging, format_named
-from tests.conftest import synthetic_provenance, write_table
+from tests.conftest import (
+    SYNTHETIC_LAYERS,
+    SYNTHETIC_ROWS,
+    SYNTHETIC_WIDTH,
+    synthetic_store,
+    write_table,
+)
 
-N, H, LAYERS = 240, 16, 4  # hidden states 0..3
-CLASSES = np.array(["neg", "neu", "pos"])
-
-
-def synthetic_store(path: Path, informative_layer: int = 2, seed: int = 0,
-                    labels: np.ndarray | None = None) -> pipeline.Store:
-    """Single-layer mean views l0..l3 where only `informative_layer` separates the classes,
-    plus a pure-noise view; written through the real staging + commit path."""
-    rng = np.random.default_rng(seed)
-    y = labels if labels is not None else CLASSES[rng.integers(0, 3, N)]
-    codes = np.unique(y, return_inverse=True)[1]
-    centers = rng.normal(size=(3, H)) * 1.5
-    columns: dict[str, pa.Array] = {
-        "row": pa.array(np.arange(N)), "id": pa.array([f"d{i}" for i in range(N)]),
-        "n_tokens": pa.array(np.full(N, 10)), "n_chunks": pa.array(np.ones(N, np.int64)),
-        "truncated": pa.array(np.zeros(N, bool)), "status": pa.array(["ok"] * N),
-        "label": pa.array(y.tolist()),
-    }
-    views = {}
-    for layer in range(LAYERS):
-        x = rng.normal(size=(N, H))
-        if layer == informative_layer:
-            x += centers[codes]
-        columns[f"l{layer}_mean"] = vector_array(x, "float32")
-        views[f"l{layer}_mean"] = {"layers": [layer], "pooling": "mean"}
-    columns["noise"] = vector_array(rng.normal(size=(N, H)), "float32")
-    views["noise"] = {"layers": [-1], "combine": "none", "pooling": "max"}
-    provenance = synthetic_provenance(path, views, carry=("label",), n_layers=LAYERS - 1)
-    staging = Staging(path)
-    staging.begin({"run_fingerprint": "x"})
-    staging.write_part(0, {"docs": pa.table(columns)}, {"fingerprint": "x"})
-    format_named("zarr").create(str(path), {"complete": False})
-    format_named("zarr").commit(str(path), staging, Layout([0], N, 0, False), provenance)
-    return pipeline.open_store(path)
+pytestmark = pytest.mark.usefixtures("one_thread")
+N, H, LAYERS = SYNTHETIC_ROWS, SYNTHETIC_WIDTH, SYNTHETIC_LAYERS  # hidden states 0..3
 
 
 @pytest.fixture
@@ -70,6 +41,7 @@ def test_informative_view_ranks_first_and_noise_near_baseline(store: pipeline.St
     assert "l2_mean" in report.recommendation()
 
 
+@pytest.mark.slow  # a learned scalar mix: hundreds of Adam steps per fold
 def test_scalar_mix_recovers_the_informative_layer(store: pipeline.Store) -> None:
     report = run_probe(store, load_labels(store, "label"), scalar_mix="mean")
     assert report.mix is not None
@@ -87,6 +59,7 @@ def test_scalar_mix_recovers_the_informative_layer(store: pipeline.Store) -> Non
     assert _view_from_dict(name, body).weights == pytest.approx(report.mix.weights, abs=1e-4)
 
 
+@pytest.mark.slow  # a learned scalar mix: hundreds of Adam steps per fold
 def test_deterministic_with_fixed_seed(store: pipeline.Store) -> None:
     labels = load_labels(store, "label")
     a = run_probe(store, labels, seed=3, scalar_mix="mean").to_dict()
@@ -103,6 +76,7 @@ def test_regression_labels(tmp_path: Path) -> None:
     assert best.view == "l1_mean" and best.metrics["r2"] > 0.9 and best.metrics["spearman"] > 0.9
 
 
+@pytest.mark.slow  # a learned scalar mix: hundreds of Adam steps per fold
 def test_cli_writes_table_json_html(store: pipeline.Store, tmp_path: Path) -> None:
     out = tmp_path / "report"
     result = CliRunner().invoke(main, ["probe", store.path, "--label", "label", "--layers",

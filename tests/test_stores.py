@@ -20,7 +20,7 @@ from pipeline.run.runner import run_job
 from pipeline.spec import Job
 from tests.conftest import job_dict, write_table
 
-FORMATS = ["zarr", "parquet"]
+FORMATS = list(pipeline.stores.FORMATS)  # every registered format runs this suite
 
 
 def _job(tmp_path: Path, model: Path, source: Path, fmt: str, **sections) -> Job:  # type: ignore[no-untyped-def]

@@ -5,18 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import BertConfig
-from transformers.models.bert.modeling_bert import BertPooler
 
 from pipeline.errors import JobError
 from pipeline.extract.views import (
+    COMBINES,
+    POOLINGS,
     PoolContext,
     forward_needs,
     get_pooling,
     resolve_layers,
     resolve_views,
 )
-from pipeline.spec import ViewSpec
+from pipeline.spec import ViewSpec, job_schema
+from pipeline.stores import FORMATS
 
 RNG = np.random.default_rng(7)
 B, T, H = 4, 9, 6
@@ -83,28 +84,37 @@ def test_attention_pooling_weights_tokens_and_excludes_padding() -> None:
 
 
 def test_pooler_worked_example_from_design_notes() -> None:
+    """DESIGN's hand-worked pooler and head, computed by the project's `pooler` pooling."""
     h0 = np.array([0.8, -0.3, 1.2, -0.5])
     w = np.array([[0.5, 0.1, -0.3, 0.2], [-0.1, 0.4, 0.6, -0.2],
-                  [0.3, -0.5, 0.2, 0.7], [0.2, 0.3, -0.1, 0.4]])
+                  [0.3, -0.5, 0.2, 0.7], [0.2, 0.3, -0.1, 0.4]])  # used as h0 · W
     b = np.array([0.1, 0.0, -0.1, 0.05])
-    z = h0 @ w + b
-    np.testing.assert_allclose(z, [0.79, -0.79, -0.23, 0.91], atol=5e-3)
-    ref = bert_pooler(h0[None, None, :], w, b)[0]
-    np.testing.assert_allclose(ref, [0.658, -0.658, -0.226, 0.721], atol=1e-3)
-    # the model's pooler is nn.Linear, which stores the transpose: tanh(h @ weight.T + bias)
-    pooler = BertPooler(BertConfig(hidden_size=4)).double()
-    hs = _torch(np.concatenate([h0[None, None, :], np.ones((1, 2, 4))], axis=1))
+    dense = torch.nn.Linear(4, 4).double()  # what a checkpoint's pooler holds
+    with torch.no_grad():
+        dense.weight.copy_(_torch(w.T))  # nn.Linear stores the transpose
+        dense.bias.copy_(_torch(b))
+    # position 0 is the [CLS] token; the other tokens must not matter
+    hs = _torch(np.concatenate([h0[None, None, :], RNG.normal(size=(1, 2, 4))], axis=1))
     with torch.inference_mode():
-        pooler.dense.weight.copy_(_torch(w.T))
-        pooler.dense.bias.copy_(_torch(b))
-        got = get_pooling("pooler")(hs, torch.ones(1, 3, dtype=torch.bool),
-                                    PoolContext(pooler=pooler)).numpy()[0]
-    np.testing.assert_allclose(got, ref, rtol=1e-12)
-    # and a 4x2 classifier head on top gives P(class 0) ~= 0.885
+        pooled = get_pooling("pooler")(hs, torch.ones(1, 3, dtype=torch.bool),
+                                       PoolContext(pooler=dense)).numpy()[0]
+    np.testing.assert_allclose(pooled, [0.658, -0.658, -0.226, 0.721], atol=1e-3)
+    # a 4x2 classifier head on the project's pooled output gives P(class 0) ~= 0.885
     wc = np.array([[0.6, -0.4], [-0.3, 0.5], [0.2, -0.1], [0.4, -0.6]])
-    logits = ref @ wc + np.array([0.1, -0.1])
+    logits = pooled @ wc + np.array([0.1, -0.1])
     p = np.exp(logits) / np.exp(logits).sum()
     assert p[0] == pytest.approx(0.885, abs=1e-3)
+
+
+def test_pooler_matches_numpy_reference() -> None:
+    h, mask = _batch()
+    w, b = RNG.normal(size=(H, H)), RNG.normal(size=H)
+    dense = torch.nn.Linear(H, H).double()
+    with torch.no_grad():
+        dense.weight.copy_(_torch(w.T))
+        dense.bias.copy_(_torch(b))
+        got = get_pooling("pooler")(_torch(h), _torch(mask), PoolContext(pooler=dense)).numpy()
+    np.testing.assert_allclose(got, bert_pooler(h, w, b), rtol=1e-12)
 
 
 def _states(n_layers: int) -> dict[int, torch.Tensor]:
@@ -176,6 +186,16 @@ def test_unknown_pooling_lists_valid_names() -> None:
     with pytest.raises(JobError, match="unknown 'median'; valid: cls, pooler, mean, max, "
                                        "attention, last"):
         get_pooling("median")
+
+
+def test_registries_are_in_the_schema() -> None:
+    """A pooling, combine or store format is added in one registry; the job schema must
+    name it too, or no job could ask for it."""
+    view = job_schema()["$defs"]["view"]["properties"]
+    assert set(POOLINGS) <= set(view["pooling"]["enum"])
+    assert list(COMBINES) == view["combine"]["enum"]
+    output = job_schema()["properties"]["output"]["properties"]
+    assert list(FORMATS) == output["format"]["enum"]
 
 
 def test_forward_needs_runs_only_needed_blocks() -> None:

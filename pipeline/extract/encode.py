@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,10 +19,8 @@ import torch
 from ..errors import ModelError
 from ..spec import BatchingSpec
 from .batching import plan_batches
-from .model import LoadedModel
+from .model import LoadedModel, encoder_layers
 from .views import ForwardNeeds, PoolContext, ResolvedView
-
-AGGREGATES = ("mean", "mean_unweighted", "max", "first")
 
 
 class Encoder:
@@ -58,14 +56,10 @@ class Encoder:
             bool_mask = mask.bool()
             ctx = PoolContext(
                 cls_attention=capture(bool_mask) if capture else None,
-                pooler=self._pooler() if self.needs.pooler else None,
+                pooler=self.model.pooler if self.needs.pooler else None,
             )
             return {v.name: v.compute(states, bool_mask, ctx).float().cpu().numpy()
                     for v in self.views}
-
-    def _pooler(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        pooler: Any = self.model.pooler
-        return pooler
 
     def _pad(self, sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         longest = max(len(s) for s in sequences)
@@ -101,7 +95,7 @@ class _ClsAttention:
     """
 
     def __init__(self, model: LoadedModel):
-        layer = model.encoder_layers()[-1]
+        layer = encoder_layers(model.module)[-1]
         self.attn, self.q, self.k = _find_query_key(layer)
         config: Any = model.module.config
         self.n_heads = int(config.num_attention_heads)
@@ -151,38 +145,3 @@ def _find_query_key(layer: torch.nn.Module) -> tuple[torch.nn.Module, Any, Any]:
                 return module, getattr(module, q), getattr(module, k)
     raise ModelError(f"pooling attention: cannot find query/key projections in "
                      f"{type(layer).__name__}")
-
-
-def aggregate_chunks(vectors: np.ndarray, chunk_doc: np.ndarray, chunk_tokens: np.ndarray,
-                     n_docs: int, method: str) -> np.ndarray:
-    """Document vectors from chunk vectors (float64 accumulation); NaN for docs without chunks.
-
-    mean             Σ_c n_c v_c / Σ_c n_c     (n_c = chunk tokens incl. special tokens)
-    mean_unweighted  (1/C) Σ_c v_c
-    max              max_c v_c per dimension
-    first            v_0
-    """
-    width = vectors.shape[1]
-    out = np.full((n_docs, width), np.nan, dtype=np.float64)
-    if len(chunk_doc) == 0:
-        return out.astype(np.float32)
-    v = vectors.astype(np.float64)
-    if method in ("mean", "mean_unweighted"):
-        w = chunk_tokens.astype(np.float64) if method == "mean" else np.ones(len(chunk_doc))
-        sums = np.zeros((n_docs, width))
-        np.add.at(sums, chunk_doc, v * w[:, None])
-        totals = np.bincount(chunk_doc, weights=w, minlength=n_docs)
-        has = totals > 0
-        out[has] = sums[has] / totals[has, None]
-    elif method == "max":
-        acc = np.full((n_docs, width), -np.inf)
-        np.maximum.at(acc, chunk_doc, v)
-        has = np.isfinite(acc[:, 0])
-        out[has] = acc[has]
-    elif method == "first":
-        # chunks are stored in document order, so a document's first row is its seq 0
-        docs, first = np.unique(chunk_doc, return_index=True)
-        out[docs] = v[first]
-    else:
-        raise ValueError(f"chunking.aggregate: unknown {method!r}; valid: {', '.join(AGGREGATES)}")
-    return out.astype(np.float32)

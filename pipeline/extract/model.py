@@ -2,7 +2,7 @@
 
 `LoadedModel` is what a worker keeps in memory for the whole job: the tokenizer, the
 torch module (cut down to the layers the views need), and the facts the rest of the
-pipeline asks about (layer count, special tokens, pooler availability).
+pipeline asks about (layer count, position limit, the pooler's weights).
 """
 
 from __future__ import annotations
@@ -25,6 +25,12 @@ log = logging.getLogger(__name__)
 # Model families whose checkpoints ship a pooler that was never trained (no NSP task).
 UNTRAINED_POOLER_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "longformer"})
 
+# Where each family keeps its per-layer list of transformer blocks.
+BLOCK_PATHS = ("encoder.layer",  # BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DeBERTa
+               "transformer.layer",  # DistilBERT
+               "layers",  # ModernBERT
+               "encoder.layers")
+
 
 @dataclass
 class LoadedModel:
@@ -36,19 +42,167 @@ class LoadedModel:
     max_positions: int  # usable positions per sequence, special tokens included
     device: torch.device
     compute_dtype: torch.dtype  # the weights' dtype: float32, bfloat16 or float16
-    pooler: torch.nn.Module | None  # own dense+tanh in float32; None without pooler weights
+    pooler: torch.nn.Linear | None  # the pooler's dense W, b in float32; None without one
 
-    @property
-    def has_pooler(self) -> bool:
-        return self.pooler is not None
 
-    def encoder_layers(self) -> torch.nn.ModuleList:
-        return encoder_layers(self.module)
+def load_model(
+    spec: ModelSpec, keep_layers: int | None = None, need_pooler: bool = False
+) -> LoadedModel:
+    """Load tokenizer and encoder from a local directory or the offline cache.
 
+    `keep_layers`: run only the first k transformer blocks (views need nothing above).
+    `need_pooler`: refuse a checkpoint whose pooler weights are absent, because
+    transformers would silently initialise a random one.
+    """
+    config = load_config(spec)
+    tokenizer = load_tokenizer(spec)
+    module, missing = load_weights(spec)
+    model_type = str(config.model_type)
+    n_layers = int(config.num_hidden_layers)
+    pooler = take_pooler(module, missing)
+    if need_pooler:
+        check_pooler(pooler, spec.path, model_type)
+    cut_blocks(module, n_layers, keep_layers)
+    device = resolve_device(spec.device)
+    compute_dtype = resolve_dtype(spec.dtype, device)
+    # Half-precision weights rather than autocast: no per-batch weight casts (measured
+    # ~5% faster on a 2-core AVX512-BF16 CPU, cosine to fp32 >= 0.9998). The pooler is
+    # applied to float32 states by the `pooler` pooling, so it stays float32.
+    module.eval().to(device=device, dtype=compute_dtype)
+    return LoadedModel(
+        tokenizer=tokenizer,
+        module=module,
+        model_type=model_type,
+        n_layers=n_layers,
+        hidden_size=int(config.hidden_size),
+        max_positions=max_positions(config, module, tokenizer),
+        device=device,
+        compute_dtype=compute_dtype,
+        pooler=None if pooler is None else pooler.float().eval().to(device),
+    )
+
+
+# ---- files ---------------------------------------------------------------------------
+
+def load_config(spec: ModelSpec) -> Any:
+    """The model's config, from a local directory or the offline cache (never the network)."""
+    from huggingface_hub.errors import HFValidationError
+    from transformers import AutoConfig
+
+    if Path(spec.path).is_absolute() and not Path(spec.path).is_dir():
+        raise ModelError(f"model.path: {spec.path} does not exist (a local model directory, "
+                         "or a hub id already in the local cache)")
+    try:
+        return AutoConfig.from_pretrained(spec.path, local_files_only=True,
+                                          trust_remote_code=spec.trust_remote_code)
+    except (OSError, ValueError, HFValidationError) as exc:
+        raise ModelError(f"model.path: cannot load {spec.path!r} offline: {_first_line(exc)}"
+                         ) from None
+
+
+def load_tokenizer(spec: ModelSpec) -> Any:
+    """The fast tokenizer: chunking needs its offsets mapping."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True,
+                                                  local_files_only=True,
+                                                  trust_remote_code=spec.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"model.path: cannot load the tokenizer of {spec.path!r} offline: "
+                         f"{_first_line(exc)}") from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelError(f"model.path: {spec.path!r} has no fast tokenizer (tokenizer.json)")
+    return tokenizer
+
+
+def load_weights(spec: ModelSpec) -> tuple[torch.nn.Module, set[str]]:
+    """The bare encoder in float32 and the pooler weights the checkpoint lacks.
+
+    A fine-tuned checkpoint (e.g. `BertForSequenceClassification`) loads its encoder: its
+    head's weights are unexpected keys and dropped. Any other missing or mis-shaped weight
+    is refused, because transformers would initialise it at random without a word.
+    """
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # why: a per-load bar in batch logs is noise
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            module, info = AutoModel.from_pretrained(
+                spec.path, output_loading_info=True, dtype=torch.float32,
+                use_safetensors=None if spec.allow_pickle else True,
+                local_files_only=True, trust_remote_code=spec.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        hint = "" if spec.allow_pickle else " (safetensors only unless model.allow_pickle: true)"
+        raise ModelError(f"model.path: cannot load weights of {spec.path!r}{hint}: "
+                         f"{_first_line(exc)}") from None
+    missing = set(info.get("missing_keys", ()))
+    absent = sorted(k for k in missing if not k.startswith("pooler."))
+    mismatched = sorted(str(k[0] if isinstance(k, tuple) else k)
+                        for k in info.get("mismatched_keys", ()))
+    if absent or mismatched:
+        raise ModelError(f"model.path: {spec.path!r} lacks weights for "
+                         f"{(absent + mismatched)[:3]}")
+    return module, {k for k in missing if k.startswith("pooler.")}
+
+
+def model_fingerprint(path: str) -> dict[str, Any]:
+    """SHA-256 of each weight file plus the config: what the provenance records."""
+    root = Path(path)
+    if not root.is_dir():
+        root = _cached_snapshot(path)
+    weights = sorted(p for p in root.rglob("*")
+                     if p.suffix in (".safetensors", ".bin") and p.is_file())
+    digests = {str(p.relative_to(root)): sha256_file(p) for p in weights}
+    config_path = root / "config.json"
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    return {"path": path, "weights_sha256": digests, "config": config}
+
+
+def _cached_snapshot(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(repo_id, local_files_only=True))
+
+
+# ---- pooler --------------------------------------------------------------------------
+
+def take_pooler(module: torch.nn.Module, missing: set[str]) -> torch.nn.Linear | None:
+    """Detach the pooler from the forward pass and keep its dense layer (W, b).
+
+    Nothing computes the pooler per batch unless a view asks; the `pooler` pooling applies
+    tanh(h_cls @ W.T + b) itself. None when the checkpoint has no pooler weights (a
+    random one is never used) or the pooler is not a dense layer followed by tanh.
+    """
+    pooler = getattr(module, "pooler", None)
+    if pooler is None:
+        return None
+    module.register_module("pooler", None)  # out of the forward pass
+    # BERT, RoBERTa: pooler.dense + pooler.activation; ALBERT: pooler + pooler_activation
+    dense = pooler if isinstance(pooler, torch.nn.Linear) else getattr(pooler, "dense", None)
+    activation = getattr(module, "pooler_activation", getattr(pooler, "activation", None))
+    if missing or not isinstance(dense, torch.nn.Linear) or not isinstance(activation,
+                                                                          torch.nn.Tanh):
+        return None
+    return dense
+
+
+def check_pooler(pooler: torch.nn.Linear | None, path: str, model_type: str) -> None:
+    if pooler is None:
+        raise ModelError(f"pooling pooler: model {path!r} ({model_type}) has no trained "
+                         "pooler weights; use cls or mean instead")
+    if model_type in UNTRAINED_POOLER_TYPES:
+        log.warning("pooling pooler: %s checkpoints are trained without next-sentence "
+                    "prediction, so their pooler output is not a trained feature", model_type)
+
+
+# ---- blocks --------------------------------------------------------------------------
 
 def encoder_layers(module: torch.nn.Module) -> torch.nn.ModuleList:
-    """The list of transformer blocks for the encoder families we support."""
-    for path in ("encoder.layer", "transformer.layer", "layers", "encoder.layers"):
+    """The per-layer list of transformer blocks for the encoder families we support."""
+    for path in BLOCK_PATHS:
         node: Any = module
         for attr in path.split("."):
             node = getattr(node, attr, None)
@@ -58,6 +212,14 @@ def encoder_layers(module: torch.nn.Module) -> torch.nn.ModuleList:
             return node
     raise ModelError(f"{type(module).__name__}: cannot find its transformer blocks")
 
+
+def cut_blocks(module: torch.nn.Module, n_layers: int, keep: int | None) -> None:
+    """Drop the blocks above `keep`: views need nothing above, so skip computing it."""
+    if keep is not None and keep < n_layers:
+        del encoder_layers(module)[keep:]
+
+
+# ---- device, dtype, positions -------------------------------------------------------
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
@@ -88,132 +250,27 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if cpu_has_bf16() else torch.float32
 
 
-def load_config(spec: ModelSpec) -> Any:
-    """The model's config, from a local directory or the offline cache (never the network)."""
-    from huggingface_hub.errors import HFValidationError
-    from transformers import AutoConfig
-
-    if Path(spec.path).is_absolute() and not Path(spec.path).is_dir():
-        raise ModelError(f"model.path: {spec.path} does not exist (a local model directory, "
-                         "or a hub id already in the local cache)")
-    try:
-        return AutoConfig.from_pretrained(spec.path, local_files_only=True,
-                                          trust_remote_code=spec.trust_remote_code)
-    except (OSError, ValueError, HFValidationError) as exc:
-        raise ModelError(f"model.path: cannot load {spec.path!r} offline: {_first_line(exc)}"
-                         ) from None
-
-
-def load_model(
-    spec: ModelSpec, keep_layers: int | None = None, need_pooler: bool = False
-) -> LoadedModel:
-    """Load tokenizer and encoder from a local directory or the offline cache.
-
-    `keep_layers`: run only the first k transformer blocks (views need nothing above).
-    `need_pooler`: refuse a checkpoint whose pooler weights are absent, because
-    transformers would silently initialise a random one.
-    """
-    from transformers import AutoModel, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # why: a per-load bar in batch logs is noise
-
-    config = load_config(spec)
-    kwargs = dict(local_files_only=True, trust_remote_code=spec.trust_remote_code)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True, **kwargs)
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"model.path: cannot load the tokenizer of {spec.path!r} offline: "
-                         f"{_first_line(exc)}") from None
-    if not getattr(tokenizer, "is_fast", False):
-        raise ModelError(f"model.path: {spec.path!r} has no fast tokenizer (tokenizer.json)")
-    device = resolve_device(spec.device)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            module, info = AutoModel.from_pretrained(
-                spec.path,
-                output_loading_info=True,
-                use_safetensors=None if spec.allow_pickle else True,
-                dtype=torch.float32,
-                **kwargs,
-            )
-    except (OSError, ValueError) as exc:
-        hint = "" if spec.allow_pickle else " (safetensors only unless model.allow_pickle: true)"
-        raise ModelError(f"model.path: cannot load weights of {spec.path!r}{hint}: "
-                         f"{_first_line(exc)}") from None
-    missing = {k for k in info.get("missing_keys", ()) if not k.startswith("pooler.")}
-    if missing:
-        raise ModelError(f"model.path: {spec.path!r} lacks weights for {sorted(missing)[:3]}")
-    model_type = str(config.model_type)
-    pooler_missing = any(k.startswith("pooler.") for k in info.get("missing_keys", ()))
-    has_pooler = getattr(module, "pooler", None) is not None and not pooler_missing
-    if need_pooler:
-        if not has_pooler:
-            raise ModelError(f"pooling pooler: model {spec.path!r} ({model_type}) has no "
-                             "trained pooler weights; use cls or mean instead")
-        if model_type in UNTRAINED_POOLER_TYPES:
-            log.warning("pooling pooler: %s checkpoints are trained without next-sentence "
-                        "prediction, so their pooler output is not a trained feature",
-                        model_type)
-    n_layers = int(config.num_hidden_layers)
-    if keep_layers is not None and keep_layers < n_layers:
-        blocks = encoder_layers(module)
-        del blocks[keep_layers:]  # why: views need nothing above block k, skip computing it
-    compute_dtype = resolve_dtype(spec.dtype, device)
-    # Half-precision weights rather than autocast: no per-batch weight casts (measured
-    # ~5% faster on a 2-core AVX512-BF16 CPU, cosine to fp32 >= 0.9998). The pooler is
-    # applied to float32 states, so it stays float32.
-    # The pooler is taken out of the forward pass (nothing computes it per batch unless a
-    # view asks) and kept in float32, applied to float32 states by the `pooler` pooling.
-    pooler = getattr(module, "pooler", None) if has_pooler else None
-    if getattr(module, "pooler", None) is not None:
-        module.pooler = None
-    if pooler is not None:
-        pooler = pooler.float().eval().to(device)
-    module.eval().to(device=device, dtype=compute_dtype)
-    max_positions = _max_positions(config, tokenizer)
-    return LoadedModel(
-        tokenizer=tokenizer,
-        module=module,
-        model_type=model_type,
-        n_layers=n_layers,
-        hidden_size=int(config.hidden_size),
-        max_positions=max_positions,
-        device=device,
-        compute_dtype=compute_dtype,
-        pooler=pooler,
-    )
-
-
-def _max_positions(config: Any, tokenizer: Any) -> int:
-    limit = int(getattr(config, "max_position_embeddings", 512))
-    # RoBERTa reserves padding_idx + 1 positions at the start of its position table.
-    if getattr(config, "model_type", "") in UNTRAINED_POOLER_TYPES:
-        limit -= int(getattr(config, "pad_token_id", 1) or 0) + 1
+def max_positions(config: Any, module: torch.nn.Module, tokenizer: Any) -> int:
+    """Tokens per sequence the model can take, special tokens included: its position
+    table less the rows it never uses, capped by the tokenizer's own limit."""
+    limit = int(getattr(config, "max_position_embeddings", 512)) - reserved_positions(module)
     tok_limit = getattr(tokenizer, "model_max_length", None)
     if isinstance(tok_limit, int) and 0 < tok_limit < limit:
         limit = tok_limit
     return limit
 
 
-def model_fingerprint(path: str) -> dict[str, Any]:
-    """SHA-256 of each weight file plus the config: what the provenance records."""
-    root = Path(path)
-    if not root.is_dir():
-        root = _cached_snapshot(path)
-    weights = sorted(p for p in root.rglob("*")
-                     if p.suffix in (".safetensors", ".bin") and p.is_file())
-    digests = {str(p.relative_to(root)): sha256_file(p) for p in weights}
-    config_path = root / "config.json"
-    config = json.loads(config_path.read_text()) if config_path.exists() else {}
-    return {"path": path, "weights_sha256": digests, "config": config}
+def reserved_positions(module: torch.nn.Module) -> int:
+    """Rows of the position table that no token uses.
 
-
-def _cached_snapshot(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(repo_id, local_files_only=True))
+    RoBERTa-style embeddings (RoBERTa, XLM-RoBERTa, CamemBERT, Longformer) number the
+    positions from padding_idx + 1, so rows 0..padding_idx are never used: a 514-row table
+    holds 512 tokens. They are the tables built with a padding index; BERT-style tables
+    start at 0 and have none.
+    """
+    table = getattr(getattr(module, "embeddings", None), "position_embeddings", None)
+    padding_idx = getattr(table, "padding_idx", None)
+    return 0 if padding_idx is None else int(padding_idx) + 1
 
 
 def _first_line(exc: BaseException) -> str:

@@ -12,8 +12,9 @@ import numpy as np
 import pyarrow as pa
 
 from ..spec import Job
+from .aggregate import aggregate_chunks
 from .chunking import ChunkedPartition, Specials, chunk_partition, content_budget
-from .encode import Encoder, aggregate_chunks
+from .encode import Encoder
 from .model import LoadedModel, load_config, load_model
 from .source import Partition, read_partition
 from .views import ForwardNeeds, ResolvedView, forward_needs, resolve_views

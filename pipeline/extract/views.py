@@ -38,7 +38,7 @@ class PoolContext:
     """What some poolings need beyond the token states."""
 
     cls_attention: Tensor | None = None  # (B, T), rows sum to 1 over non-padding
-    pooler: Callable[[Tensor], Tensor] | None = None  # (B, T, H) -> (B, H)
+    pooler: torch.nn.Linear | None = None  # the model's pooler dense layer: W (H, H), b (H,)
 
 
 # ---- combine -------------------------------------------------------------------------
@@ -111,7 +111,8 @@ def pool_last(h: Tensor, mask: Tensor, ctx: PoolContext) -> Tensor:
 def pool_pooler(h: Tensor, mask: Tensor, ctx: PoolContext) -> Tensor:
     if ctx.pooler is None:
         raise RuntimeError("pooler pooling needs the model's pooler")
-    return ctx.pooler(h)
+    # nn.Linear stores W transposed: dense(x) = x @ dense.weight.T + dense.bias
+    return torch.tanh(ctx.pooler(h[:, 0].to(ctx.pooler.weight.dtype)))
 
 
 POOLINGS: dict[str, Callable[[Tensor, Tensor, PoolContext], Tensor]] = {

@@ -44,9 +44,6 @@ class PostTransform:
     def width(self) -> int:
         return len(self.mean) if self.matrix is None else self.matrix.shape[1]
 
-    def describe(self) -> dict[str, Any]:
-        return {"method": self.method, "normalize": self.normalize, "width": self.width}
-
 
 def unit_rows(x: np.ndarray) -> np.ndarray:
     """Rows scaled to length 1; zero rows stay zero, NaN rows (empty documents) stay NaN."""
