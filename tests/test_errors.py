@@ -25,11 +25,14 @@ def extract(tmp_path: Path, job: dict[str, Any], *extra: str) -> Result:
 
 def assert_user_error(result: Result, code: int, *fragments: str) -> None:
     assert result.exit_code == code, result.output
+    # progress lines (timestamped) may come first; the error is one line, and the last
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr
+    assert all(line[:4].isdigit() for line in lines[:-1]), result.stderr
     assert "Traceback" not in result.output
     for fragment in fragments:
-        assert fragment in lines[0], lines[0]
+        assert fragment in errors[0], errors[0]
 
 
 def test_missing_column(tmp_path: Path, tiny_bert: Path, small_texts: Path) -> None:
