@@ -182,20 +182,38 @@ def connect(address: str) -> Any:
     cannot be reached within Dask's `distributed.comm.timeouts.connect`, JobError when the
     address is malformed."""
     import dask
-    from distributed import Client
     from dask.utils import parse_timedelta
+    from distributed import Client
 
     timeout = dask.config.get("distributed.comm.timeouts.connect")
     seconds = parse_timedelta(timeout, "s") or 30
     _probe(address, seconds)
-    try:
-        return Client(address, timeout=timeout)
-    except ValueError as exc:
-        raise JobError(f"execution.scheduler: {address!r} is not a scheduler address "
-                       f"({_first_line(exc)})") from None
-    except (OSError, TimeoutError) as exc:
+    # why a thread: a peer that accepts the connection but never answers (not a scheduler)
+    # makes the client wait forever, whatever its timeout
+    box: dict[str, Any] = {}
+
+    def start() -> None:
+        try:
+            box["client"] = Client(address, timeout=timeout)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=start, name="bertpipe-connect", daemon=True)
+    thread.start()
+    thread.join(2 * seconds + 1)
+    if thread.is_alive():
         raise SchedulerError(f"execution.scheduler: cannot reach the Dask scheduler at {address} "
-                             f"({_first_line(exc)})") from None
+                             f"(no answer within {seconds:g} s; is a Dask scheduler there?)")
+    error = box.get("error")
+    if isinstance(error, ValueError):
+        raise JobError(f"execution.scheduler: {address!r} is not a scheduler address "
+                       f"({_first_line(error)})")
+    if isinstance(error, (OSError, TimeoutError)):
+        raise SchedulerError(f"execution.scheduler: cannot reach the Dask scheduler at {address} "
+                             f"({_first_line(error)})")
+    if error is not None:
+        raise error
+    return box["client"]
 
 
 def _probe(address: str, seconds: float) -> None:

@@ -47,6 +47,7 @@ def check_output_location(job: Job, job_file: str | Path | None = None) -> None:
         if out == path:
             raise StoreError(f"output.path: {out} is {what}; choose a new folder for the store "
                              "(e.g. out/name.zarr)")
+    for what, path in guarded:
         if out in path.parents:
             raise StoreError(f"output.path: {out} contains {what} ({path}); choose a new "
                              "folder for the store")
@@ -149,10 +150,13 @@ class OutputSession:
         self.made_dirs: list[Path] = []  # folders this run created, deepest first
         self.made_store = False  # the store's entries are this run's (set by `prepare`)
 
-    def __enter__(self) -> OutputSession:
-        holder = self.lock.holder() if self.path.is_dir() else None
-        if holder is not None:
+    def refuse_if_locked(self) -> None:
+        """Name the holder of the lock, if any, before anything else is said or done."""
+        if self.path.is_dir() and self.lock.holder() is not None:
             raise StoreError(self.lock.refusal())
+
+    def __enter__(self) -> OutputSession:
+        self.refuse_if_locked()
         self.made_dirs = [p for p in (self.path, *self.path.parents) if not p.exists()]
         self.path.mkdir(parents=True, exist_ok=True)
         try:
@@ -185,13 +189,14 @@ class OutputSession:
             if contents.foreign:
                 log.warning("%s: kept entries that are not the store's: %s", self.path,
                             contents.describe_foreign())
-        if action in ("create", "replace"):
-            self.made_store = True
-            format_named(job.output.format).create(
-                str(self.path), {"complete": False, "run_fingerprint": plan.fingerprint})
+        self.made_store = self.made_store or action in ("create", "replace")
+        # run.json first: a store is never seen without what a resume must match
         staging.begin({"run_fingerprint": plan.fingerprint, "job": job.to_dict(),
                        "partition_rows": plan.partition_rows,
                        "input_identity": [asdict(f) for f in plan.identity]})
+        if action in ("create", "replace"):
+            format_named(job.output.format).create(
+                str(self.path), {"complete": False, "run_fingerprint": plan.fingerprint})
         return staging
 
     def _remove_made_dirs(self) -> None:

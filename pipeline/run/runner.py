@@ -82,11 +82,13 @@ def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None =
     check_output_location(job, job_file)
     plan = Plan(fingerprint, identity, job.execution.partition_rows)
     overwrite = overwrite or job.output.overwrite
+    output = OutputSession(job.output.path, fingerprint)
+    output.refuse_if_locked()
     assess(job, plan, overwrite)  # refuse early, before the folder or lock is made
     summary = RunSummary(job.output.path)
     if executor is None:
         executor = executor_for(job)
-    with executor, OutputSession(job.output.path, fingerprint) as output:
+    with executor, output:
         staging = output.prepare(job, plan, overwrite)
         if staging is None:
             summary.already_complete = True
