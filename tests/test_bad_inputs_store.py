@@ -248,6 +248,12 @@ def stale_lock_old(w: World) -> list[Any]:
     return ["extract", job]
 
 
+def fresh_lock_of_another_host(w: World) -> list[Any]:
+    job = w.job(w.tmp / "o.zarr")
+    _fake_lock(w.tmp / "o.zarr", pid=1, host="elsewhere", age_s=STALE_AFTER_S - 60)
+    return ["extract", job]
+
+
 def unlock_live(w: World) -> list[Any]:
     _fake_lock(w.tmp / "o.zarr", pid=os.getpid())
     return ["unlock", w.tmp / "o.zarr"]
@@ -286,8 +292,9 @@ TABLE = [
     Row(complete_store_input_file_added, 5, "more.parquet is new"),
     Row(live_lock, 5, "is being written by another run (host"),
     Row(stale_lock_dead_pid, 5, "is no longer running on this host); if no run is writing"),
-    Row(stale_lock_old, 5, "older than 24 h); if no run is writing to it, clear the lock "
-        "with `bertpipe unlock"),
+    Row(stale_lock_old, 5, "not refreshed for 1.0 h); if no run is writing to it, clear the "
+        "lock with `bertpipe unlock"),
+    Row(fresh_lock_of_another_host, 5, "is being written by another run (host elsewhere, pid 1"),
     Row(unlock_live, 5, "still running on this host"),
     Row(model_error_leaves_nothing, 4, "pooler"),
 ]
@@ -308,12 +315,15 @@ def test_table(row: Row, tmp_path: Path, tiny_bert: Path, tiny_distilbert: Path,
 
 
 def _fake_lock(store: Path, pid: int, host: str | None = None, age_s: float = 0) -> None:
+    """A lock as a run leaves it, last refreshed `age_s` ago."""
     store.mkdir(parents=True, exist_ok=True)
     started = time.time() - age_s
-    (store / LOCK_NAME).write_text(json.dumps({
+    lock = store / LOCK_NAME
+    lock.write_text(json.dumps({
         "host": host or socket.gethostname(), "pid": pid, "started_unix": started,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started)),
         "fingerprint": "f" * 64, "token": "t"}))
+    os.utime(lock, (started, started))
 
 
 def _dead_pid() -> int:
@@ -440,6 +450,25 @@ def test_store_lock_is_atomic_and_release_spares_anothers(tmp_path: Path) -> Non
     assert (second.holder() or {}).get("fingerprint") == "b" * 64
     second.release()
     assert sorted(tmp_path.iterdir()) == []
+
+
+def test_held_lock_is_refreshed_so_a_long_run_never_looks_stale(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.stores import lock as lock_module
+
+    monkeypatch.setattr(lock_module, "HEARTBEAT_S", 0.05)
+    held = lock_module.StoreLock(tmp_path)
+    held.acquire("a" * 64)
+    old = time.time() - 2 * STALE_AFTER_S
+    os.utime(held.path, (old, old))  # as if the run had started long ago
+    assert held.stale_reason(held.holder() or {}) is not None
+    deadline = time.monotonic() + 10
+    while held.path.stat().st_mtime < time.time() - 60:
+        assert time.monotonic() < deadline, "the holder did not refresh its lock"
+        time.sleep(0.02)
+    assert held.stale_reason(held.holder() or {}) is None
+    held.release()
+    assert not held.path.exists()
 
 
 def test_older_store_without_input_identity_is_not_called_complete(

@@ -3,9 +3,11 @@
 `<store>/_bertpipe.lock` holds who took it (host, pid, start time, job fingerprint). It is
 created only if absent (a hard link of a fully written temporary file, so a reader never
 sees it half written), which on object storage is a conditional create
-(`If-None-Match: *`); `acquire` and `release` are all a run needs. A lock is never taken
-over automatically: one whose holder is dead, or older than `STALE_AFTER_S`, is reported
-with the command that clears it (`bertpipe unlock STORE`).
+(`If-None-Match: *`); `acquire` and `release` are all a run needs. While held, the lock's
+modification time is refreshed every `HEARTBEAT_S`, so a run of any length keeps it fresh.
+A lock is never taken over automatically: one whose holder is dead (on this host), or that
+was not refreshed for `STALE_AFTER_S` (any host), is reported with the command that clears
+it (`bertpipe unlock STORE`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import errno
 import json
 import os
 import socket
+import threading
 import time
 import uuid
 from datetime import UTC, datetime
@@ -24,9 +27,11 @@ from typing import Any
 from ..errors import StoreError
 
 LOCK_NAME = "_bertpipe.lock"
-# Older than this, a lock is reported as stale even when its holder cannot be checked
-# (another host). Runs that take longer still hold it: it is never broken automatically.
-STALE_AFTER_S = 24 * 3600
+HEARTBEAT_S = 60.0
+# Not refreshed for this long, a lock is reported as stale even when its holder cannot be
+# checked (another host): its holder died or was suspended. Generous, for clock skew
+# between hosts on a shared file system.
+STALE_AFTER_S = 3600
 
 
 class StoreLock:
@@ -34,6 +39,7 @@ class StoreLock:
         self.store = Path(store_path)
         self.path = self.store / LOCK_NAME
         self.token: str | None = None  # set while this object holds the lock
+        self._stop = threading.Event()
 
     def acquire(self, fingerprint: str) -> None:
         """Take the lock, or raise StoreError naming the holder (and how to clear a stale one)."""
@@ -46,9 +52,20 @@ class StoreLock:
         if not _create_if_absent(self.path, json.dumps(holder, indent=1)):
             raise StoreError(self.refusal())
         self.token = token
+        self._stop.clear()
+        threading.Thread(target=self._heartbeat, name="bertpipe-lock", daemon=True).start()
+
+    def _heartbeat(self) -> None:
+        token = self.token
+        while not self._stop.wait(HEARTBEAT_S):
+            if self.token != token or (self.holder() or {}).get("token") != token:
+                return  # released, or cleared by `bertpipe unlock`: never touch another's
+            with contextlib.suppress(OSError):
+                os.utime(self.path)
 
     def release(self) -> None:
         """Remove the lock if it is still this object's (never another run's)."""
+        self._stop.set()
         if self.token is None:
             return
         if (self.holder() or {}).get("token") == self.token:
@@ -74,9 +91,12 @@ class StoreLock:
         """Why the holder cannot still be running, or None when it may be."""
         if not holder:
             return "the lock file is unreadable"
-        started = holder.get("started_unix")
-        if isinstance(started, (int, float)) and time.time() - started > STALE_AFTER_S:
-            return f"it is older than {STALE_AFTER_S // 3600} h"
+        try:
+            idle = time.time() - self.path.stat().st_mtime
+        except FileNotFoundError:
+            idle = 0.0
+        if idle > STALE_AFTER_S:
+            return f"not refreshed for {idle / 3600:.1f} h"
         if holder.get("host") == socket.gethostname() and not _alive(holder):
             return f"process {holder.get('pid')} is no longer running on this host"
         return None
