@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import click
 
-from .errors import BertpipeError
+from .errors import BertpipeError, StoreError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -62,7 +64,8 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
 @main.command()
 @click.argument("job_file", type=click.Path(dir_okay=False))
 @set_option
-@click.option("--overwrite", is_flag=True, help="Replace an existing store of another job.")
+@click.option("--overwrite", is_flag=True, help="Replace the bertpipe store at output.path "
+              "(never anything that is not a bertpipe store).")
 @click.option("--scheduler", default=None, envvar="DASK_SCHEDULER_ADDRESS",
               help="local | synchronous | tcp://host:port (overrides execution.scheduler).")
 @_user_errors
@@ -76,13 +79,51 @@ def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
     if scheduler:
         overrides = (*overrides, f"execution.scheduler={scheduler}")
     job = load_job(job_file, overrides)
-    with Progress() as progress:
+    with Progress() as progress, _terminate_as_exit():
         summary = run_job(job, executor=executor_for(job, say=progress.message),
                           on_done=progress.partition_done, overwrite=overwrite,
-                          on_plan=progress.start)
+                          on_plan=progress.start, job_file=job_file)
     click.echo(summary.line())
     if not summary.already_complete:
         click.echo(f"wrote {job.output.path}")
+
+
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """SIGTERM (a scheduler stopping the job) unwinds like Ctrl-C, so the store's lock is
+    released and finished partitions are kept for a rerun."""
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@main.command()
+@click.argument("store_path", type=click.Path())
+@_user_errors
+def unlock(store_path: str) -> None:
+    """Remove a stale lock left by a run that died (never the lock of a running process)."""
+    from .stores.lock import StoreLock
+
+    lock = StoreLock(os.path.realpath(store_path))
+    holder = lock.holder()
+    if holder is None:
+        click.echo(f"{store_path}: not locked")
+        return
+    if lock.live_here(holder):
+        raise StoreError(f"{store_path}: locked by pid {holder.get('pid')}, which is still "
+                         "running on this host; stop that run first")
+    lock.force_remove()
+    click.echo(f"{store_path}: removed the lock of pid {holder.get('pid', '?')} on host "
+               f"{holder.get('host', '?')} (since {holder.get('started', '?')})")
 
 
 @main.command()

@@ -38,3 +38,9 @@ class PartitionError(BertpipeError):
     """One or more partitions failed; the others were written and kept."""
 
     exit_code = 6
+
+
+class SchedulerError(BertpipeError):
+    """The Dask scheduler cannot be reached, or the connection to it was lost."""
+
+    exit_code = 7

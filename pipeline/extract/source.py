@@ -8,6 +8,7 @@ groups that cover it.
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ..spec import InputSpec
+from ..stores.provenance import InputFile
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class Partition:
     row_start: int  # global row number of the first row
     row_stop: int
     file_offset: int  # row number inside `file` of the first row
+    footer_sha256: str = ""  # identity of `file` when planned (see `file_identity`)
 
     @property
     def n_rows(self) -> int:
@@ -63,12 +66,37 @@ def plan_partitions(spec: InputSpec, partition_rows: int) -> list[Partition]:
     for file in list_files(spec.path):
         meta = _open(file)
         check_columns(spec, meta.schema_arrow, file)
+        footer = file_identity(file).footer_sha256
         n = meta.metadata.num_rows
         for offset in range(0, n, partition_rows):
             size = min(partition_rows, n - offset)
-            parts.append(Partition(len(parts), file, row + offset, row + offset + size, offset))
+            parts.append(Partition(len(parts), file, row + offset, row + offset + size, offset,
+                                   footer))
         row += n
     return parts
+
+
+def input_identity(spec: InputSpec) -> tuple[InputFile, ...]:
+    """What identifies the input, file by file, from the files' footers only."""
+    return tuple(file_identity(file) for file in list_files(spec.path))
+
+
+def file_identity(file: str) -> InputFile:
+    """Path, size, rows and the SHA-256 of the Parquet footer (schema, row groups and their
+    column statistics): a changed table changes it, and no data page is read."""
+    with open(file, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size < 12:
+            raise InputError(f"input.path: {file} is not a readable Parquet file (too short)")
+        f.seek(size - 8)
+        tail = f.read(8)
+        length = int.from_bytes(tail[:4], "little")
+        if tail[4:] not in (b"PAR1", b"PARE") or length > size - 12:
+            raise InputError(f"input.path: {file} is not a readable Parquet file (no footer)")
+        f.seek(size - 8 - length)
+        footer = f.read(length)
+    return InputFile(path=file, size=size, rows=_open(file).metadata.num_rows,
+                     footer_sha256=hashlib.sha256(footer).hexdigest())
 
 
 def check_columns(spec: InputSpec, schema: pa.Schema, file: str) -> None:

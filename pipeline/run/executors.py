@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from types import TracebackType
 from typing import Any, Protocol
 
 from ..errors import BertpipeError
@@ -22,7 +23,17 @@ Failures = list[tuple[Partition, str]]
 
 
 class Executor(Protocol):
-    """Runs partitions; returns the ones that failed with a one-line reason each."""
+    """Runs partitions; returns the ones that failed with a one-line reason each.
+
+    Entered before the store is touched: that is where it reaches what it runs on (a
+    scheduler), so an unreachable one leaves nothing behind. An error that would fail every
+    partition (the model cannot be loaded) is raised as itself, by every executor alike.
+    """
+
+    def __enter__(self) -> Executor: ...
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None: ...
 
     def run(self, job: Job, parts: Sequence[Partition], staging: Staging, fingerprint: str,
             on_done: OnDone) -> Failures: ...
@@ -36,6 +47,7 @@ def run_partition(extractor: Extractor, staging: Staging, part: Partition,
     marker = {
         "fingerprint": fingerprint,
         "rows": [part.row_start, part.row_stop],
+        "input": part.footer_sha256,
         **tables.stats,
         "device": str(extractor.model.device),
         "dtype": str(extractor.model.compute_dtype).removeprefix("torch."),
@@ -57,6 +69,13 @@ class InProcessExecutor:
 
     def __init__(self, extractor: Extractor | None = None):
         self.extractor = extractor
+
+    def __enter__(self) -> InProcessExecutor:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        return None
 
     def run(self, job: Job, parts: Sequence[Partition], staging: Staging, fingerprint: str,
             on_done: OnDone) -> Failures:

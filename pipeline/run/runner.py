@@ -1,8 +1,9 @@
 """Running a job: plan partitions, check the store, run what is not done, commit once.
 
-The client side lives here: it plans from Parquet metadata, decides what a rerun may
-skip, hands partitions to an executor (in-process or Dask), and commits the store's
-final arrays and provenance when every partition has a marker.
+The client side lives here: it plans from Parquet metadata, checks everything it can
+before the store is touched, decides (in `output`) what a rerun may skip, hands
+partitions to an executor (in-process or Dask) while holding the store's lock, and
+commits the store's final arrays and provenance when every partition has a marker.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -18,21 +18,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, JobError, PartitionError, StoreError
+from ..errors import InputError, JobError, PartitionError
 from ..extract.model import load_config, model_fingerprint
-from ..extract.source import Partition, plan_partitions
+from ..extract.source import Partition, input_identity, plan_partitions
 from ..post.apply import fit_view
 from ..spec import Job
-from ..stores import FORMATS, Layout, Staging, format_named
-from ..stores.provenance import (
-    FORMAT_VERSION,
-    ModelInfo,
-    Provenance,
-    fingerprint_of,
-    is_complete,
-)
+from ..stores import Layout, Staging, format_named
+from ..stores.provenance import FORMAT_VERSION, InputFile, ModelInfo, Provenance
 from ..version import __version__
 from .executors import Executor, InProcessExecutor, OnDone
+from .output import OutputSession, Plan, assess, check_output_location
 
 log = logging.getLogger(__name__)
 
@@ -72,42 +67,62 @@ def run_fingerprint(job: Job, model: dict[str, Any]) -> str:
 
 
 def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None = None,
-            overwrite: bool = False, on_plan: OnPlan | None = None) -> RunSummary:
+            overwrite: bool = False, on_plan: OnPlan | None = None,
+            job_file: str | Path | None = None) -> RunSummary:
+    """Plan, check everything that can be checked, then (and only then) lock the store and
+    run what is not done. `job_file` guards the job's folder against `output.path`."""
     started = time.perf_counter()
     parts = plan_partitions(job.input, job.execution.partition_rows)
     if not parts:
         raise InputError(f"input.path: {job.input.path} has no rows")
+    identity = input_identity(job.input)
     load_config(job.model)  # fail fast, before the store is touched, on a missing model
     model = model_fingerprint(job.model.path)
     fingerprint = run_fingerprint(job, model)
-    path = job.output.path
-    summary = RunSummary(path)
-    staging = prepare_store(job, fingerprint, overwrite or job.output.overwrite)
-    if staging is None:
-        summary.already_complete = True
-        return summary
-    done = staging.done(fingerprint)
-    pending = [p for p in parts if p.index not in done]
-    summary.skipped = len(parts) - len(pending)
-    if on_plan:
-        on_plan(parts, pending)
+    check_output_location(job, job_file)
+    plan = Plan(fingerprint, identity, job.execution.partition_rows)
+    overwrite = overwrite or job.output.overwrite
+    output = OutputSession(job.output.path, fingerprint)
+    output.refuse_if_locked()
+    assess(job, plan, overwrite)  # refuse early, before the folder or lock is made
+    summary = RunSummary(job.output.path)
     if executor is None:
         executor = executor_for(job)
-    failures = executor.run(job, pending, staging, fingerprint, _collect(done, on_done))
-    summary.run = len(pending) - len(failures)
-    summary.failed = [f"partition {p.index} (rows {p.row_start}-{p.row_stop - 1}; "
-                      f"{Path(p.file).name} rows {p.file_offset}-{p.file_offset + p.n_rows - 1})"
-                      f": {msg}" for p, msg in failures]
-    if failures:
-        raise PartitionError(f"{len(failures)} of {len(parts)} partitions failed, the others are "
-                             f"kept for a rerun; first: {summary.failed[0]}")
-    markers = [done[p.index] for p in parts]
-    commit_store(job, staging, parts, markers, model, fingerprint)
+    with executor, output:
+        staging = output.prepare(job, plan, overwrite)
+        if staging is None:
+            summary.already_complete = True
+            return summary
+        done = {i: m for i, m in staging.done(fingerprint).items() if _reusable(m, parts)}
+        pending = [p for p in parts if p.index not in done]
+        summary.skipped = len(parts) - len(pending)
+        if on_plan:
+            on_plan(parts, pending)
+        failures = executor.run(job, pending, staging, fingerprint, _collect(done, on_done))
+        summary.run = len(pending) - len(failures)
+        summary.failed = [f"partition {p.index} (rows {p.row_start}-{p.row_stop - 1}; "
+                          f"{Path(p.file).name} rows {p.file_offset}-"
+                          f"{p.file_offset + p.n_rows - 1}): {msg}" for p, msg in failures]
+        if failures:
+            raise PartitionError(f"{len(failures)} of {len(parts)} partitions failed, the "
+                                 f"others are kept for a rerun; first: {summary.failed[0]}")
+        markers = [done[p.index] for p in parts]
+        commit_store(job, staging, parts, markers, model, fingerprint, identity)
     summary.rows = parts[-1].row_stop
     summary.chunks = sum(m["n_chunks"] for m in markers)
     summary.tokens = sum(m["n_tokens"] for m in markers)
     summary.wall_s = time.perf_counter() - started
     return summary
+
+
+def _reusable(marker: dict[str, Any], parts: Sequence[Partition]) -> bool:
+    """A marker stands for a planned partition: same index, row range and input file."""
+    index = marker.get("index")
+    if not isinstance(index, int) or not 0 <= index < len(parts):
+        return False
+    part = parts[index]
+    return (marker.get("rows") == [part.row_start, part.row_stop]
+            and marker.get("input") == part.footer_sha256)
 
 
 def _collect(done: dict[int, dict[str, Any]], on_done: OnDone | None) -> OnDone:
@@ -118,52 +133,17 @@ def _collect(done: dict[int, dict[str, Any]], on_done: OnDone | None) -> OnDone:
     return record
 
 
-def prepare_store(job: Job, fingerprint: str, overwrite: bool) -> Staging | None:
-    """Staging for this run, or None when the store is already complete for this job.
-
-    A store written by a different job or model is refused unless `overwrite`; so is a
-    path that holds something other than a bertpipe store.
-    """
-    path = Path(job.output.path)
-    staging = Staging(path)
-    if path.exists() and overwrite:
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    elif path.exists():
-        provenance = _stored_provenance(str(path))
-        info = staging.run_info() or {}
-        existing = fingerprint_of(provenance) or fingerprint_of(info)
-        if existing is None and (path.is_file() or any(path.iterdir())):
-            raise StoreError(f"output.path: {path} exists and is not a bertpipe store; "
-                             "choose another path or pass --overwrite")
-        if existing is not None and existing != fingerprint:
-            raise StoreError(f"output.path: {path} holds output of a different job or model; "
-                             "pass --overwrite to replace it or choose another output.path")
-        if is_complete(provenance):
-            return None
-    format_named(job.output.format).create(
-        str(path), {"complete": False, "run_fingerprint": fingerprint})
-    staging.begin({"run_fingerprint": fingerprint, "job": job.to_dict()})
-    return staging
-
-
-def _stored_provenance(path: str) -> dict[str, Any]:
-    for fmt in FORMATS.values():
-        provenance = fmt.read_provenance(path)
-        if provenance:
-            return dict(provenance)
-    return {}
-
-
 def commit_store(job: Job, staging: Staging, parts: Sequence[Partition],
                  markers: Sequence[dict[str, Any]], model: dict[str, Any],
-                 fingerprint: str) -> None:
+                 fingerprint: str, identity: tuple[InputFile, ...] = ()) -> None:
     layout = Layout(
         indices=[p.index for p in parts],
         n_docs=parts[-1].row_stop,
         n_chunks=sum(m["n_chunks"] for m in markers),
         has_chunks="chunks" in job.output.levels,
     )
-    provenance = build_provenance(job, markers, model, fingerprint)
+    provenance = replace(build_provenance(job, markers, model, fingerprint),
+                         input_identity=identity)
     fmt = format_named(job.output.format)
     path = job.output.path
     fmt.commit(path, staging, layout, provenance.to_dict())

@@ -6,6 +6,7 @@ dict (`to_dict` / `from_dict` here), everything above reads attributes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -30,6 +31,44 @@ class ModelInfo:
     @property
     def n_layers(self) -> int:
         return int(self.config.get("num_hidden_layers") or self.config.get("n_layers") or 0)
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """What identifies one input file without reading its data pages: its path, size, row
+    count and the SHA-256 of its Parquet footer (schema, row groups, column statistics)."""
+
+    path: str
+    size: int
+    rows: int
+    footer_sha256: str
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> InputFile:
+        return cls(path=str(raw["path"]), size=int(raw["size"]), rows=int(raw["rows"]),
+                   footer_sha256=str(raw["footer_sha256"]))
+
+
+def input_change(before: Sequence[InputFile], now: Sequence[InputFile]) -> str | None:
+    """How the input differs from what a store was made from, naming the first file that
+    changed; None when it is the same."""
+    old = {f.path: f for f in before}
+    new = {f.path: f for f in now}
+    for path, was in old.items():
+        cur = new.get(path)
+        if cur is None:
+            return f"input file {path} is gone"
+        if cur != was:
+            what = [f"rows {was.rows} -> {cur.rows}" if cur.rows != was.rows else "",
+                    f"size {was.size} -> {cur.size} bytes" if cur.size != was.size else ""]
+            detail = "; ".join(w for w in what if w) or "its Parquet footer differs"
+            return f"input file {path} changed ({detail})"
+    added = [path for path in new if path not in old]
+    if added:
+        return f"input file {added[0]} is new"
+    if list(old) != list(new):
+        return "the input files are in a different order"
+    return None
 
 
 @dataclass(frozen=True)
@@ -58,6 +97,8 @@ class Provenance:
     stats: dict[str, float]
     complete: bool
     post: dict[str, PostInfo] = field(default_factory=dict)
+    # empty in stores written before input identities were recorded
+    input_identity: tuple[InputFile, ...] = ()
 
     @property
     def views(self) -> list[str]:
@@ -101,8 +142,9 @@ class Provenance:
                 stats=dict(raw["stats"]),
                 complete=bool(raw.get("complete")),
                 post={k: PostInfo(**v) for k, v in raw.get("post", {}).items()},
+                input_identity=input_identity_of(raw),
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"{where}: damaged provenance ({type(exc).__name__}: {exc})") from None
 
 
@@ -115,3 +157,8 @@ def fingerprint_of(raw: dict[str, Any] | None) -> str | None:
     """The run fingerprint a store (complete or not) was started with."""
     value = (raw or {}).get("run_fingerprint")
     return str(value) if value else None
+
+
+def input_identity_of(raw: dict[str, Any] | None) -> tuple[InputFile, ...]:
+    """The input identity a store (complete or not) recorded; () when it recorded none."""
+    return tuple(InputFile.from_dict(f) for f in (raw or {}).get("input_identity") or ())
