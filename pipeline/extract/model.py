@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,6 +105,56 @@ def load_config(spec: ModelSpec) -> Any:
                          ) from None
 
 
+def load_tokenizer(spec: ModelSpec) -> Any:
+    """The model's fast tokenizer, from a local directory or the offline cache."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True,
+                                                  local_files_only=True,
+                                                  trust_remote_code=spec.trust_remote_code)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ModelError(f"model.path: cannot load the tokenizer of {spec.path!r} offline: "
+                         f"{_first_line(exc)}") from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelError(f"model.path: {spec.path!r} has no fast tokenizer (tokenizer.json)")
+    return tokenizer
+
+
+def model_shape(config: Any, key: str = "model.path") -> tuple[int, int]:
+    """(transformer blocks, hidden size) from a config, or a ModelError naming what is
+    missing (an encoder config always has both)."""
+    try:
+        return int(config.num_hidden_layers), int(config.hidden_size)
+    except (AttributeError, TypeError, ValueError):
+        raise ModelError(f"{key}: its config.json gives no num_hidden_layers/hidden_size; "
+                         "not a BERT-family encoder") from None
+
+
+def has_pooler_weights(path: str) -> bool | None:
+    """Whether the safetensors weights hold a pooler, read from the file headers only;
+    None when that cannot be told without loading (pickle weights, no local files)."""
+    from safetensors import safe_open
+
+    root = Path(path)
+    if not root.is_dir():
+        try:
+            root = _cached_snapshot(path)
+        except Exception:  # noqa: BLE001 - not in the cache: the loader reports it
+            return None
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        return None
+    try:
+        for file in files:
+            with safe_open(str(file), framework="pt") as handle:
+                if any(k.endswith("pooler.dense.weight") for k in handle.keys()):
+                    return True
+    except (OSError, ValueError, RuntimeError):
+        return None  # an unreadable header: the loader reports it with its own message
+    return False
+
+
 def load_model(
     spec: ModelSpec, keep_layers: int | None = None, need_pooler: bool = False
 ) -> LoadedModel:
@@ -113,20 +164,14 @@ def load_model(
     `need_pooler`: refuse a checkpoint whose pooler weights are absent, because
     transformers would silently initialise a random one.
     """
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # why: a per-load bar in batch logs is noise
 
     config = load_config(spec)
     kwargs = dict(local_files_only=True, trust_remote_code=spec.trust_remote_code)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True, **kwargs)
-    except (OSError, ValueError) as exc:
-        raise ModelError(f"model.path: cannot load the tokenizer of {spec.path!r} offline: "
-                         f"{_first_line(exc)}") from None
-    if not getattr(tokenizer, "is_fast", False):
-        raise ModelError(f"model.path: {spec.path!r} has no fast tokenizer (tokenizer.json)")
+    tokenizer = load_tokenizer(spec)
     device = resolve_device(spec.device)
     try:
         with warnings.catch_warnings():
@@ -138,7 +183,8 @@ def load_model(
                 dtype=torch.float32,
                 **kwargs,
             )
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+        # why so many: a damaged .bin fails inside torch.load as whatever unpickling hits
         hint = "" if spec.allow_pickle else " (safetensors only unless model.allow_pickle: true)"
         raise ModelError(f"model.path: cannot load weights of {spec.path!r}{hint}: "
                          f"{_first_line(exc)}") from None
@@ -172,7 +218,7 @@ def load_model(
     if pooler is not None:
         pooler = pooler.float().eval().to(device)
     module.eval().to(device=device, dtype=compute_dtype)
-    max_positions = _max_positions(config, tokenizer)
+    max_positions = max_positions_of(config, tokenizer)
     return LoadedModel(
         tokenizer=tokenizer,
         module=module,
@@ -186,7 +232,9 @@ def load_model(
     )
 
 
-def _max_positions(config: Any, tokenizer: Any) -> int:
+def max_positions_of(config: Any, tokenizer: Any) -> int:
+    """Usable positions per sequence (special tokens included): the config's table, less
+    RoBERTa's reserved positions, capped by the tokenizer's own limit."""
     limit = int(getattr(config, "max_position_embeddings", 512))
     # RoBERTa reserves padding_idx + 1 positions at the start of its position table.
     if getattr(config, "model_type", "") in UNTRAINED_POOLER_TYPES:

@@ -18,9 +18,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, JobError, PartitionError, StoreError
-from ..extract.model import load_config, model_fingerprint
-from ..extract.source import Partition, plan_partitions
+from ..errors import JobError, PartitionError, StoreError
+from ..extract.model import model_fingerprint
+from ..extract.preflight import preflight
+from ..extract.source import Partition
 from ..post.apply import fit_view
 from ..spec import Job
 from ..stores import FORMATS, Layout, Staging, format_named
@@ -74,10 +75,9 @@ def run_fingerprint(job: Job, model: dict[str, Any]) -> str:
 def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None = None,
             overwrite: bool = False, on_plan: OnPlan | None = None) -> RunSummary:
     started = time.perf_counter()
-    parts = plan_partitions(job.input, job.execution.partition_rows)
-    if not parts:
-        raise InputError(f"input.path: {job.input.path} has no rows")
-    load_config(job.model)  # fail fast, before the store is touched, on a missing model
+    # everything checkable is checked before the store is touched (nothing is created on
+    # a job that cannot work)
+    parts = preflight(job).partitions
     model = model_fingerprint(job.model.path)
     fingerprint = run_fingerprint(job, model)
     path = job.output.path
