@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,8 +182,8 @@ def load_model(
                 dtype=torch.float32,
                 **kwargs,
             )
-    except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
-        # why so many: a damaged .bin fails inside torch.load as whatever unpickling hits
+    except Exception as exc:  # noqa: BLE001 - a damaged .bin fails inside the unpickler as
+        # anything (UnpicklingError, IndexError, EOFError, ...): all mean unusable weights
         hint = "" if spec.allow_pickle else " (safetensors only unless model.allow_pickle: true)"
         raise ModelError(f"model.path: cannot load weights of {spec.path!r}{hint}: "
                          f"{_first_line(exc)}") from None

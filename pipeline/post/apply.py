@@ -41,7 +41,7 @@ def postprocess(store_path: str, view: str, spec: PostSpec, name: str | None = N
     if view not in store.views:
         raise StoreError(f"--view: {view!r} is not a view of {store_path}; views: "
                          f"{', '.join(store.views)}")
-    target = name or f"{view}_{spec.method}"
+    target = name if name is not None else f"{view}_{spec.method}"
     if target in store.views:
         raise StoreError(f"--name: {target!r} already exists in {store_path}")
     taken = {**job_names(store.provenance.job), **{v: "view" for v in store.views}}
