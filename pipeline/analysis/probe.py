@@ -228,7 +228,7 @@ def _cross_validate(x: np.ndarray, y: np.ndarray, task: str, folds: int, seed: i
     for train, test in _splits(y, task, folds, seed):
         if task == "classification":
             warnings.filterwarnings("ignore", category=FutureWarning)  # sklearn API churn
-            model = make_pipeline(StandardScaler(), _logistic(seed))
+            model = make_pipeline(StandardScaler(), _logistic(seed, y[train]))
             model.fit(x[train], y[train])
             pred = model.predict(x[test])
             fold = {"accuracy": accuracy_score(y[test], pred),
@@ -244,14 +244,19 @@ def _cross_validate(x: np.ndarray, y: np.ndarray, task: str, folds: int, seed: i
     return _summarise(scores)
 
 
-def _logistic(seed: int) -> Any:
+def _logistic(seed: int, y: np.ndarray) -> Any:
     """Logistic regression whose L2 strength is chosen by an inner 3-fold CV on the
-    training folds only: a few hundred rows against hundreds of features overfit at C=1."""
+    training folds only: a few hundred rows against hundreds of features overfit at C=1.
+    The inner CV has fewer folds only where no class of `y` has 3 rows (it cannot run)."""
     from sklearn.linear_model import LogisticRegressionCV
     from sklearn.model_selection import StratifiedKFold
 
+    inner = min(3, int(np.bincount(y).max()))
+    if inner < 2:
+        raise ProbeError("too few labelled rows: a training fold needs 2 rows of some class "
+                         "to choose the regularisation; use fewer --folds or more rows")
     return LogisticRegressionCV(Cs=[0.001, 0.01, 0.1, 1.0], max_iter=2000,
-                                cv=StratifiedKFold(3, shuffle=True, random_state=seed))
+                                cv=StratifiedKFold(inner, shuffle=True, random_state=seed))
 
 
 def _summarise(scores: dict[str, list[float]]) -> dict[str, float]:
@@ -381,7 +386,7 @@ def _fit_mix(x: np.ndarray, y: np.ndarray, task: str, seed: int, epochs: int = 3
     # γ is one global scale: a standardised linear head absorbs it, so it is not
     # identifiable from a probe and is reported as 1.0
     gamma = 1.0
-    probe = _logistic(seed) if task == "classification" else Ridge(alpha=1.0)
+    probe = _logistic(seed, y) if task == "classification" else Ridge(alpha=1.0)
     model = _MixModel(s_np, gamma, make_pipeline(StandardScaler(), probe), task)
     model.head.fit(model.mixed(x), y)
     return model
