@@ -89,6 +89,9 @@ def describe_geometry(store: Store, pairs: int = 2000, seed: int = 0,
     for view in store.views:
         x = np.asarray(store.docs[view].values[rows], dtype=np.float64)
         x = x[np.isfinite(x).all(axis=1)]
+        if len(x) < 2:  # pairs and a covariance need two documents with text
+            lines.append(f"  {view:<12}{len(x)} non-empty documents: too few to measure")
+            continue
         for label, params in fixes:
             y = x if params is None else fit(x, **params).apply(x)
             s = stats(y, pairs=pairs, seed=seed)
