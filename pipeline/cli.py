@@ -32,7 +32,30 @@ def _user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-@click.group()
+class OneLineGroup(click.Group):
+    """Click's own usage errors (a bad option value, a missing argument) as one line
+    `error: <message>` with exit 2, like every other error (click prints four lines)."""
+
+    def main(self, args: Any = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as exc:
+            where = getattr(getattr(exc, "ctx", None), "command_path", None)
+            hint = f" (see {where} --help)" if isinstance(exc, click.UsageError) and where \
+                else ""
+            click.echo(f"error: {exc.format_message()}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("error: aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=OneLineGroup)
 @click.version_option(package_name="bertpipe")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress details.")
 def main(verbose: bool) -> None:
@@ -50,15 +73,22 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALU
 @main.command()
 @click.argument("job_file", type=click.Path(dir_okay=False))
 @set_option
+@click.option("--schema-only", is_flag=True, help="Check the file alone: skip the model "
+              "config and the input's Parquet metadata (e.g. where they are not mounted).")
 @_user_errors
-def validate(job_file: str, overrides: tuple[str, ...]) -> None:
-    """Check a job file without running it."""
+def validate(job_file: str, overrides: tuple[str, ...], schema_only: bool) -> None:
+    """Check a job without running it: the file, the model's config and tokenizer (no
+    weights), and the input's Parquet metadata (no rows). Writes nothing."""
     from .spec import load_job
 
     job = load_job(job_file, overrides)
     click.echo(f"{job_file}: valid ({len(job.views)} views: "
                f"{', '.join(v.name for v in job.views)}; output {job.output.format} "
                f"{job.output.path})")
+    if not schema_only:
+        from .extract.preflight import preflight
+
+        click.echo(f"checked {preflight(job).summary()}")
 
 
 @main.command()
@@ -68,17 +98,26 @@ def validate(job_file: str, overrides: tuple[str, ...]) -> None:
               "(never anything that is not a bertpipe store).")
 @click.option("--scheduler", default=None, envvar="DASK_SCHEDULER_ADDRESS",
               help="local | synchronous | tcp://host:port (overrides execution.scheduler).")
+@click.option("--dry-run", is_flag=True, help="Check the job and print the plan (model, "
+              "views, files, rows, partitions, output); create and write nothing.")
 @_user_errors
 def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
-            scheduler: str | None) -> None:
+            scheduler: str | None, dry_run: bool) -> None:
     """Run a job: read text, encode, pool, write the store."""
-    from .run.progress import Progress
-    from .run.runner import executor_for, run_job
     from .spec import load_job
 
     if scheduler:
         overrides = (*overrides, f"execution.scheduler={scheduler}")
     job = load_job(job_file, overrides)
+    if dry_run:
+        from .extract.preflight import preflight
+
+        click.echo(preflight(job).describe())
+        click.echo("dry run: nothing was created or written")
+        return
+    from .run.progress import Progress
+    from .run.runner import executor_for, run_job
+
     with Progress() as progress, _terminate_as_exit():
         summary = run_job(job, executor=executor_for(job, say=progress.message),
                           on_done=progress.partition_done, overwrite=overwrite,
@@ -130,8 +169,8 @@ def unlock(store_path: str) -> None:
 @click.argument("store_path", type=click.Path())
 @click.option("--geometry", is_flag=True, help="Anisotropy per view, before and after each "
               "fix (center, whiten, all-but-the-top).")
-@click.option("--sample", default=2000, show_default=True, help="Random pairs for the mean "
-              "cosine (fixed seed).")
+@click.option("--sample", default=2000, show_default=True, type=click.IntRange(min=1),
+              help="Random pairs for the mean cosine (fixed seed).")
 @_user_errors
 def inspect(store_path: str, geometry: bool, sample: int) -> None:
     """Summarise a store: rows, views, coverage, chunks, provenance."""
@@ -148,19 +187,25 @@ def inspect(store_path: str, geometry: bool, sample: int) -> None:
 @click.argument("store_path", type=click.Path())
 @click.option("--view", required=True, help="The view to fit on.")
 @click.option("--method", required=True, type=click.Choice(["center", "whiten", "abtt"]))
-@click.option("--dims", type=int, default=None, help="whiten: keep this many dimensions.")
-@click.option("-d", "top", type=int, default=1, show_default=True,
-              help="abtt: principal directions to remove.")
+@click.option("--dims", type=click.IntRange(min=1), default=None,
+              help="whiten: keep this many dimensions (1 to the view's width).")
+@click.option("-d", "top", type=click.IntRange(min=1), default=None,
+              help="abtt: principal directions to remove (default 1; fewer than the width).")
 @click.option("--normalize", is_flag=True, help="L2-normalise after the transform.")
-@click.option("--name", default=None, help="Name of the new view (default VIEW_METHOD).")
+@click.option("--name", default=None, help="Name of the new view (default VIEW_METHOD): "
+              "letters, digits and _, not a name the store already has.")
 @_user_errors
-def postprocess(store_path: str, view: str, method: str, dims: int | None, top: int,
+def postprocess(store_path: str, view: str, method: str, dims: int | None, top: int | None,
                 normalize: bool, name: str | None) -> None:
     """Fit a geometry fix on a view and write the result as a new view of the store."""
     from .post.apply import postprocess as run
     from .spec import PostSpec
 
-    spec = PostSpec(method=method, dims=dims, d=top, normalize=normalize)
+    if dims is not None and method != "whiten":
+        raise click.BadParameter("only used with --method whiten", param_hint="'--dims'")
+    if top is not None and method != "abtt":
+        raise click.BadParameter("only used with --method abtt", param_hint="'-d'")
+    spec = PostSpec(method=method, dims=dims, d=top or 1, normalize=normalize)
     target = run(store_path, view, spec, name=name)
     click.echo(f"wrote view {target!r} ({method} of {view!r}) to {store_path}")
 
@@ -169,7 +214,8 @@ def postprocess(store_path: str, view: str, method: str, dims: int | None, top: 
 @click.argument("store_path", type=click.Path())
 @click.argument("query", nargs=-1, required=True)
 @click.option("--view", default=None, help="View to search (default: the first).")
-@click.option("-k", default=10, show_default=True)
+@click.option("-k", default=10, show_default=True, type=click.IntRange(min=1),
+              help="Hits to show.")
 @click.option("--chunks", "level", flag_value="chunks", default="docs",
               help="Search chunk vectors instead of documents.")
 @click.option("--exact", is_flag=True, help="Scan the store even when an index exists.")
@@ -181,8 +227,10 @@ def search(store_path: str, query: tuple[str, ...], view: str | None, k: int,
     from .analysis.search import snippet
     from .api import open_store
 
-    store = open_store(store_path)
     text = " ".join(query)
+    if not text.strip():
+        raise click.BadParameter("the query is empty", param_hint="'QUERY'")
+    store = open_store(store_path)
     for rank, hit in enumerate(run(store, [text], view, k, level, exact)[0], 1):
         where = f" chunk {hit.chunk} [{hit.span[0]}:{hit.span[1]}]" if hit.span else ""
         click.echo(f"{rank:>3}. {hit.score:.4f}  id {hit.id}{where}  {snippet(store, hit)}")
@@ -192,7 +240,8 @@ def search(store_path: str, query: tuple[str, ...], view: str | None, k: int,
 @click.argument("store_path", type=click.Path())
 @click.option("--label", required=True, help="Label column: a carried column of the store, "
               "or a column of --labels.")
-@click.option("--labels", "labels_file", type=click.Path(dir_okay=False), default=None,
+@click.option("--labels", "labels_file", type=click.Path(exists=True, dir_okay=False),
+              default=None,
               help="A Parquet file of labels, joined to the store on ids.")
 @click.option("--label-column", default=None, help="Label column in --labels (default --label).")
 @click.option("--id-column", default="id", show_default=True, help="Id column in --labels.")
@@ -202,7 +251,8 @@ def search(store_path: str, query: tuple[str, ...], view: str | None, k: int,
               "grid (a sweep store, e.g. from jobs/sweep.yaml).")
 @click.option("--scalar-mix", "scalar_mix", default=None, metavar="POOLING",
               help="Also learn an ELMo scalar mix over the single-layer views with this pooling.")
-@click.option("--folds", default=5, show_default=True)
+@click.option("--folds", default=5, show_default=True, type=click.IntRange(min=2),
+              help="Cross-validation folds (at least 2).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Where probe.json, probe.html and probe.png go (default STORE-probe/).")
@@ -233,7 +283,8 @@ def probe(store_path: str, label: str, labels_file: str | None, label_column: st
 @click.option("--view", required=True, help="The view to index.")
 @click.option("--chunks", "level", flag_value="chunks", default="docs",
               help="Index chunk vectors instead of documents.")
-@click.option("--nprobe", default=16, show_default=True, help="Lists scanned per query.")
+@click.option("--nprobe", default=16, show_default=True, type=click.IntRange(min=1),
+              help="Lists scanned per query.")
 @_user_errors
 def index(store_path: str, view: str, level: str, nprobe: int) -> None:
     """Build an approximate nearest-neighbour index (FAISS) beside the store."""

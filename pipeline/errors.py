@@ -16,6 +16,12 @@ class JobError(BertpipeError):
     exit_code = 2
 
 
+class OptionError(BertpipeError):
+    """A command option or API argument is out of range; the message names it."""
+
+    exit_code = 2
+
+
 class InputError(BertpipeError):
     """The input table is unusable; the message names the file, column or row."""
 

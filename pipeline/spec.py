@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,18 @@ SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 JOB_SCHEMA_PATH = SCHEMA_DIR / "job.schema.json"
 
 LayerSelection = tuple[int, ...] | str  # explicit indices, or "all"
+
+# Names a user gives (views, post-processed views, carried columns) become array names,
+# Parquet columns and file names: letters, digits and _ only, so never a path component.
+NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+NAME_RULE = "use letters, digits and _, starting with a letter or _, at most 64 characters"
+# What the stores write themselves (arrays, columns, dimensions, folders); compared without
+# case, because a case-insensitive filesystem would put `Status` and `status` in one folder.
+STORE_FIELDS = frozenset({
+    "id", "ids", "row", "doc", "docs", "chunk", "chunks", "seq", "start", "end", "n_tokens",
+    "n_chunks", "truncated", "status", "post", "index", "_bertpipe",
+})
+DIM_SUFFIX = "_dim"  # a view's second dimension is `<view>_dim`
 
 
 @dataclass(frozen=True)
@@ -164,17 +178,19 @@ class Job:
 def load_job(path: str | Path, overrides: tuple[str, ...] = ()) -> Job:
     """Read a YAML job file, apply `key.sub=value` overrides, validate, resolve."""
     path = Path(path)
+    if path.is_dir():
+        raise JobError(f"{path}: is a directory, not a job file")
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise JobError(f"{path}: cannot read job file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise JobError(f"{path}: not a text file (byte {exc.start} is not UTF-8); a job file "
+                       "is YAML text") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = parse_yaml(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise JobError(f"{path}: malformed YAML{where}: {problem}") from None
+        raise JobError(f"{path}: malformed YAML{_yaml_problem(exc)}") from None
     if not isinstance(raw, dict):
         raise JobError(f"{path}: a job file must be a mapping with input, model, views, output")
     for item in overrides:
@@ -198,9 +214,42 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
             raise JobError(f"--set {key}: {part!r} is not a mapping")
         node = child
     try:
-        node[parts[-1]] = yaml.safe_load(value)
-    except yaml.YAMLError:
-        raise JobError(f"--set {key}: value {value!r} is not valid YAML") from None
+        node[parts[-1]] = parse_yaml(value)
+    except yaml.YAMLError as exc:
+        raise JobError(f"--set {key}: value {value!r} is not valid YAML"
+                       f"{_yaml_problem(exc)}") from None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping with the same key twice (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, list | dict):
+                continue  # unhashable keys: the schema refuses them with their path
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {seen[key]})",
+                    key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML as the job loader reads it: safe types only, duplicate keys refused."""
+    return yaml.load(text, Loader=_StrictLoader)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(exc, "problem", None) or "invalid YAML"
+    return f"{where}: {problem}"
 
 
 def validate_job_dict(raw: dict[str, Any]) -> None:
@@ -225,6 +274,11 @@ def _short_message(err: jsonschema.ValidationError) -> str:
         return f"{err.message}; allowed keys: {', '.join(allowed)}"
     if err.validator == "oneOf" and err.path and err.path[-1] == "layers":
         return f"{err.instance!r} is not valid: use 'all', an integer, or a list of integers"
+    if err.validator == "pattern" and isinstance(err.instance, str):
+        return f"{err.instance!r} is not a valid name: {NAME_RULE}"
+    if err.validator in ("minimum", "maximum") and isinstance(err.instance, float) \
+            and not math.isfinite(err.instance):
+        return f"{err.instance!r} is not a finite number"
     return err.message
 
 
@@ -233,6 +287,9 @@ def _view_from_dict(name: str, body: dict[str, Any]) -> ViewSpec:
     if isinstance(layers, int):
         layers = [layers]
     weights = body.get("weights")
+    # (a value equal to the default is what `to_dict` writes back, so it is not refused)
+    if body.get("gamma", 1.0) != 1.0 and body.get("combine") != "scalar_mix":
+        raise JobError(f"views.{name}.gamma: only used with combine scalar_mix")
     return ViewSpec(
         name=name,
         pooling=body["pooling"],
@@ -241,23 +298,77 @@ def _view_from_dict(name: str, body: dict[str, Any]) -> ViewSpec:
         weights=tuple(float(w) for w in weights) if weights is not None else None,
         gamma=float(body.get("gamma", 1.0)),
         normalize=bool(body.get("normalize", False)),
-        post=_post_from(body.get("post")),
+        post=_post_from(body.get("post"), f"views.{name}.post"),
     )
 
 
-def _post_from(raw: str | dict[str, Any] | None) -> PostSpec | None:
+def _post_from(raw: str | dict[str, Any] | None, key: str) -> PostSpec | None:
     if raw is None:
         return None
     body: dict[str, Any] = {"method": raw} if isinstance(raw, str) else dict(raw)
+    if body.get("dims") is not None and body["method"] != "whiten":
+        raise JobError(f"{key}.dims: only used with method whiten")
+    if body.get("d", 1) != 1 and body["method"] != "abtt":
+        raise JobError(f"{key}.d: only used with method abtt")
     return PostSpec(method=body["method"], dims=body.get("dims"), d=int(body.get("d", 1)),
                     normalize=bool(body.get("normalize", False)))
 
 
+def check_name(name: str, key: str) -> None:
+    """A user-given name is safe as an array, column and file name."""
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise JobError(f"{key}: {name!r} is not a valid name: {NAME_RULE}")
+    if name.endswith(DIM_SUFFIX):
+        raise JobError(f"{key}: {name!r} ends in {DIM_SUFFIX!r}, which the store uses for a "
+                       "view's second dimension; choose another name")
+
+
+def check_new_name(name: str, key: str, taken: dict[str, str]) -> None:
+    """`name` is safe and shadows neither a store field nor a name in `taken` (name -> what
+    it is), compared without case."""
+    check_name(name, key)
+    folded = name.casefold()
+    if folded in STORE_FIELDS:
+        raise JobError(f"{key}: {name!r} is a field the store writes itself "
+                       f"({', '.join(sorted(STORE_FIELDS))}); choose another name")
+    for other, what in taken.items():
+        if other.casefold() == folded:
+            raise JobError(f"{key}: {name!r} collides with {what} {other!r}; names must differ "
+                           "(case is ignored)")
+
+
+def job_names(job: Job) -> dict[str, str]:
+    """The names a job's store holds beside its own fields: name -> what it is."""
+    names = {c: "carried column" for c in job.input.carry_columns}
+    names.update({v.name: "view" for v in job.views})
+    if job.input.text_column not in names:
+        names[job.input.text_column] = "input.text_column (search shows it)"
+    return names
+
+
+def _check_names(job: Job) -> None:
+    taken: dict[str, str] = {}
+    if job.input.text_column not in job.input.carry_columns:
+        taken[job.input.text_column] = "input.text_column (search shows it)"
+    for i, column in enumerate(job.input.carry_columns):
+        check_new_name(column, f"input.carry_columns.{i}", taken)
+        taken[column] = "carried column"
+    for view in job.views:
+        check_new_name(view.name, f"views.{view.name}", taken)
+        taken[view.name] = "view"
+
+
 def _check_consistency(job: Job) -> None:
     """Rules that span keys, which the schema cannot say."""
+    _check_names(job)
     for v in job.views:
         key = f"views.{v.name}"
         n = None if v.layers == "all" else len(v.layers)
+        if v.weights is not None and not all(math.isfinite(w) for w in v.weights):
+            raise JobError(f"{key}.weights: {list(v.weights)} must be finite numbers "
+                           "(no NaN or infinity)")
+        if not math.isfinite(v.gamma):
+            raise JobError(f"{key}.gamma: {v.gamma} must be a finite number")
         if v.combine == "none" and n != 1:
             raise JobError(f"{key}.combine: several layers need a combine (mean, sum, concat, "
                            "weighted, scalar_mix)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import OptionError
 from ..spec import ViewSpec
 from ..stores.opened import StoreData as Store
 
@@ -76,6 +77,8 @@ def describe_geometry(store: Store, pairs: int = 2000, seed: int = 0,
     fix fitted on the same rows (a fixed-seed sample of at most `max_rows`)."""
     from ..post.geometry import fit, stats
 
+    if pairs < 1:
+        raise OptionError(f"--sample: {pairs} pairs; use at least 1")
     n = int(store.docs.sizes["doc"])
     rng = np.random.default_rng(seed)
     rows = np.sort(rng.choice(n, size=min(n, max_rows), replace=False))
@@ -86,6 +89,9 @@ def describe_geometry(store: Store, pairs: int = 2000, seed: int = 0,
     for view in store.views:
         x = np.asarray(store.docs[view].values[rows], dtype=np.float64)
         x = x[np.isfinite(x).all(axis=1)]
+        if len(x) < 2:  # pairs and a covariance need two documents with text
+            lines.append(f"  {view:<12}{len(x)} non-empty documents: too few to measure")
+            continue
         for label, params in fixes:
             y = x if params is None else fit(x, **params).apply(x)
             s = stats(y, pairs=pairs, seed=seed)

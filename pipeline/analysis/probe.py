@@ -13,6 +13,7 @@ pasted into a job as a `scalar_mix` view.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -21,10 +22,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import BertpipeError
+from ..errors import BertpipeError, OptionError
 from ..stores.opened import StoreData as Store
 
 LINEAR_POOLINGS = ("mean", "cls", "attention", "last")
+log = logging.getLogger(__name__)
 
 
 class ProbeError(BertpipeError):
@@ -110,7 +112,11 @@ def load_labels(store: Store, label: str, labels_file: str | None = None,
             raise ProbeError(f"--label: {label!r} is not a carried column of the store "
                              f"(carried: {', '.join(carried) or 'none'}); or pass --labels FILE")
         return pd.Series(np.asarray(store.docs[label].values))
-    table = pd.read_parquet(labels_file)
+    try:
+        table = pd.read_parquet(labels_file)
+    except (OSError, ValueError) as exc:  # missing, a folder, not Parquet (ArrowInvalid)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ProbeError(f"--labels: cannot read {labels_file} as Parquet ({first})") from None
     key = id_column or "id"
     for col in (key, label):
         if col not in table.columns:
@@ -128,10 +134,13 @@ def load_labels(store: Store, label: str, labels_file: str | None = None,
 
 def run_probe(store: Store, labels: pd.Series, views: Sequence[str] | None = None,
               folds: int = 5, seed: int = 0, scalar_mix: str | None = None) -> ProbeReport:
+    if folds < 2:
+        raise OptionError(f"--folds: {folds}; cross-validation needs at least 2 folds")
     ok = (np.asarray(store.docs["status"].values) == "ok") & labels.notna().to_numpy()
     y_raw = labels.to_numpy()[ok]
     task = "regression" if _is_numeric(y_raw) else "classification"
     y, classes = _encode_labels(y_raw, task, folds)
+    folds = _folds_for(y, task, folds)
     names = list(views or store.views)
     results = []
     for name in names:
@@ -182,13 +191,26 @@ def _view_layer_pooling(store: Store, name: str) -> tuple[int | None, str]:
     return None, spec.pooling
 
 
+def _folds_for(y: np.ndarray, task: str, folds: int) -> int:
+    """The folds used: never more than the rows, nor (stratified) than the rarest class
+    has members; fewer than asked is said on stderr and in the report's n_folds."""
+    if folds > len(y):
+        raise ProbeError(f"--folds: {folds} folds for {len(y)} labelled rows")
+    if task == "classification":
+        rarest = int(np.bincount(y).min())
+        if rarest < folds:
+            log.warning("probe: the rarest label class has %d rows, so %d-fold cross-validation "
+                        "is used instead of %d", rarest, rarest, folds)
+            return rarest
+    return folds
+
+
 def _splits(y: np.ndarray, task: str, folds: int, seed: int) -> list[tuple[np.ndarray,
                                                                           np.ndarray]]:
     from sklearn.model_selection import KFold, StratifiedKFold
 
     if task == "classification":
-        k = min(folds, int(np.bincount(y).min()))
-        splitter: Any = StratifiedKFold(max(k, 2), shuffle=True, random_state=seed)
+        splitter: Any = StratifiedKFold(folds, shuffle=True, random_state=seed)
     else:
         splitter = KFold(folds, shuffle=True, random_state=seed)
     return list(splitter.split(np.zeros(len(y)), y))
@@ -206,7 +228,7 @@ def _cross_validate(x: np.ndarray, y: np.ndarray, task: str, folds: int, seed: i
     for train, test in _splits(y, task, folds, seed):
         if task == "classification":
             warnings.filterwarnings("ignore", category=FutureWarning)  # sklearn API churn
-            model = make_pipeline(StandardScaler(), _logistic(seed))
+            model = make_pipeline(StandardScaler(), _logistic(seed, y[train]))
             model.fit(x[train], y[train])
             pred = model.predict(x[test])
             fold = {"accuracy": accuracy_score(y[test], pred),
@@ -222,14 +244,19 @@ def _cross_validate(x: np.ndarray, y: np.ndarray, task: str, folds: int, seed: i
     return _summarise(scores)
 
 
-def _logistic(seed: int) -> Any:
+def _logistic(seed: int, y: np.ndarray) -> Any:
     """Logistic regression whose L2 strength is chosen by an inner 3-fold CV on the
-    training folds only: a few hundred rows against hundreds of features overfit at C=1."""
+    training folds only: a few hundred rows against hundreds of features overfit at C=1.
+    The inner CV has fewer folds only where no class of `y` has 3 rows (it cannot run)."""
     from sklearn.linear_model import LogisticRegressionCV
     from sklearn.model_selection import StratifiedKFold
 
+    inner = min(3, int(np.bincount(y).max()))
+    if inner < 2:
+        raise ProbeError("too few labelled rows: a training fold needs 2 rows of some class "
+                         "to choose the regularisation; use fewer --folds or more rows")
     return LogisticRegressionCV(Cs=[0.001, 0.01, 0.1, 1.0], max_iter=2000,
-                                cv=StratifiedKFold(3, shuffle=True, random_state=seed))
+                                cv=StratifiedKFold(inner, shuffle=True, random_state=seed))
 
 
 def _summarise(scores: dict[str, list[float]]) -> dict[str, float]:
@@ -359,7 +386,7 @@ def _fit_mix(x: np.ndarray, y: np.ndarray, task: str, seed: int, epochs: int = 3
     # γ is one global scale: a standardised linear head absorbs it, so it is not
     # identifiable from a probe and is reported as 1.0
     gamma = 1.0
-    probe = _logistic(seed) if task == "classification" else Ridge(alpha=1.0)
+    probe = _logistic(seed, y) if task == "classification" else Ridge(alpha=1.0)
     model = _MixModel(s_np, gamma, make_pipeline(StandardScaler(), probe), task)
     model.head.fit(model.mixed(x), y)
     return model

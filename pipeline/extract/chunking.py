@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import JobError
 from ..spec import ChunkingSpec
 
 PARAGRAPH_BREAK = re.compile(r"\n[^\S\n]*(?:\r?\n[^\S\n]*)+")  # a blank line, any line endings
@@ -88,8 +89,14 @@ def content_budget(spec: ChunkingSpec, model_max_tokens: int, max_positions: int
     """Content tokens per chunk: the chunk limit minus the special tokens."""
     limit = min(spec.max_tokens or model_max_tokens, model_max_tokens, max_positions)
     budget = limit - specials.count
-    if budget <= spec.overlap:
-        raise ValueError(f"chunk budget {budget} must exceed overlap {spec.overlap}")
+    if spec.overlap and 2 * spec.overlap >= budget:
+        raise JobError(f"chunking.overlap: {spec.overlap} must be under half of the "
+                       f"{budget} content tokens per chunk (the least of chunking.max_tokens, "
+                       f"model.max_tokens and the model's {max_positions} positions, less "
+                       f"{specials.count} special tokens)")
+    if budget < 1:
+        raise JobError(f"chunking.max_tokens: {limit} tokens leave no room for text beside "
+                       f"{specials.count} special tokens")
     return budget
 
 

@@ -23,6 +23,9 @@ from ..spec import ModelSpec
 log = logging.getLogger(__name__)
 
 # Model families whose checkpoints ship a pooler that was never trained (no NSP task).
+# model types whose position table starts after padding_idx (RoBERTa-style embeddings)
+PADDING_OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert", "longformer",
+                                      "roberta-prelayernorm", "xlm-roberta-xl"})
 UNTRAINED_POOLER_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "longformer"})
 
 # Where each family keeps its per-layer list of transformer blocks.
@@ -108,12 +111,47 @@ def load_tokenizer(spec: ModelSpec) -> Any:
         tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True,
                                                   local_files_only=True,
                                                   trust_remote_code=spec.trust_remote_code)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, TypeError) as exc:
         raise ModelError(f"model.path: cannot load the tokenizer of {spec.path!r} offline: "
                          f"{_first_line(exc)}") from None
     if not getattr(tokenizer, "is_fast", False):
         raise ModelError(f"model.path: {spec.path!r} has no fast tokenizer (tokenizer.json)")
     return tokenizer
+
+
+def model_shape(config: Any, key: str = "model.path") -> tuple[int, int]:
+    """(transformer blocks, hidden size) from a config, or a ModelError naming what is
+    missing (an encoder config always has both)."""
+    try:
+        return int(config.num_hidden_layers), int(config.hidden_size)
+    except (AttributeError, TypeError, ValueError):
+        raise ModelError(f"{key}: its config.json gives no num_hidden_layers/hidden_size; "
+                         "not a BERT-family encoder") from None
+
+
+def has_pooler_weights(path: str) -> bool | None:
+    """Whether the safetensors weights hold a pooler, read from the file headers only;
+    None when that cannot be told without loading (pickle weights, no local files)."""
+    from safetensors import safe_open
+
+    root = Path(path)
+    if not root.is_dir():
+        try:
+            root = _cached_snapshot(path)
+        except Exception:  # noqa: BLE001 - not in the cache: the loader reports it
+            return None
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        return None
+    try:
+        for file in files:
+            with safe_open(str(file), framework="pt") as handle:
+                if any(k.endswith("pooler.dense.weight") or k == "pooler.weight"
+                       for k in handle.keys()):
+                    return True
+    except (OSError, ValueError, RuntimeError):
+        return None  # an unreadable header: the loader reports it with its own message
+    return False
 
 
 def load_weights(spec: ModelSpec) -> tuple[torch.nn.Module, set[str]]:
@@ -134,7 +172,8 @@ def load_weights(spec: ModelSpec) -> tuple[torch.nn.Module, set[str]]:
                 spec.path, output_loading_info=True, dtype=torch.float32,
                 use_safetensors=None if spec.allow_pickle else True,
                 local_files_only=True, trust_remote_code=spec.trust_remote_code)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a damaged .bin fails inside the unpickler as
+        # anything (UnpicklingError, IndexError, EOFError, ...): all mean unusable weights
         hint = "" if spec.allow_pickle else " (safetensors only unless model.allow_pickle: true)"
         raise ModelError(f"model.path: cannot load weights of {spec.path!r}{hint}: "
                          f"{_first_line(exc)}") from None
@@ -254,6 +293,19 @@ def max_positions(config: Any, module: torch.nn.Module, tokenizer: Any) -> int:
     """Tokens per sequence the model can take, special tokens included: its position
     table less the rows it never uses, capped by the tokenizer's own limit."""
     limit = int(getattr(config, "max_position_embeddings", 512)) - reserved_positions(module)
+    tok_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_limit, int) and 0 < tok_limit < limit:
+        limit = tok_limit
+    return limit
+
+
+def max_positions_of(config: Any, tokenizer: Any) -> int:
+    """The same limit read from the config alone (validation, before any weights load):
+    RoBERTa-style position tables reserve padding_idx + 1 rows, as `reserved_positions`
+    finds on a loaded module."""
+    limit = int(getattr(config, "max_position_embeddings", 512))
+    if getattr(config, "model_type", "") in PADDING_OFFSET_POSITIONS:
+        limit -= int(getattr(config, "pad_token_id", 1) or 0) + 1
     tok_limit = getattr(tokenizer, "model_max_length", None)
     if isinstance(tok_limit, int) and 0 < tok_limit < limit:
         limit = tok_limit

@@ -18,9 +18,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, JobError, PartitionError
-from ..extract.model import load_config, model_fingerprint
-from ..extract.source import Partition, input_identity, plan_partitions
+from ..errors import JobError, PartitionError
+from ..extract.model import model_fingerprint
+from ..extract.preflight import preflight
+from ..extract.source import Partition, input_identity
 from ..post.apply import fit_view
 from ..spec import Job
 from ..stores import Layout, Staging, format_named
@@ -72,11 +73,10 @@ def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None =
     """Plan, check everything that can be checked, then (and only then) lock the store and
     run what is not done. `job_file` guards the job's folder against `output.path`."""
     started = time.perf_counter()
-    parts = plan_partitions(job.input, job.execution.partition_rows)
-    if not parts:
-        raise InputError(f"input.path: {job.input.path} has no rows")
+    # everything checkable is checked before the store is touched (nothing is created on
+    # a job that cannot work)
+    parts = preflight(job).partitions
     identity = input_identity(job.input)
-    load_config(job.model)  # fail fast, before the store is touched, on a missing model
     model = model_fingerprint(job.model.path)
     fingerprint = run_fingerprint(job, model)
     check_output_location(job, job_file)

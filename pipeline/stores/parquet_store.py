@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import xarray as xr
 
 from .base import Layout, column_matrix
+from .columns import StoredColumns, has_nulls, numpy_dtype, to_numpy
 from .staging import Staging
 
 ROW_GROUP_ROWS = 32768
@@ -67,16 +68,17 @@ def _dataset(file: Path, dim: str) -> xr.Dataset:
     group_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
     variables = {}
     for field in pf.schema_arrow:
+        nulls = False
         if pa.types.is_fixed_size_list(field.type):
             width = field.type.list_size
             dtype = np.dtype(field.type.value_type.to_pandas_dtype())
             dims: tuple[str, ...] = (dim, f"{field.name}_dim")
         else:
             width, dims = 0, (dim,)
-            dtype = np.dtype(object) if pa.types.is_string(field.type) else np.dtype(
-                field.type.to_pandas_dtype())
+            nulls = has_nulls(pf.metadata, field.name)
+            dtype = numpy_dtype(field.type, nulls)
         blocks = [
-            da.from_delayed(dask.delayed(_read_block)(str(file), g, field.name),
+            da.from_delayed(dask.delayed(_read_block)(str(file), g, field.name, nulls),
                             shape=(rows, width) if width else (rows,), dtype=dtype)
             for g, rows in enumerate(group_rows)
         ]
@@ -85,11 +87,11 @@ def _dataset(file: Path, dim: str) -> xr.Dataset:
     return xr.Dataset(variables)
 
 
-def _read_block(file: str, group: int, column: str) -> np.ndarray:
+def _read_block(file: str, group: int, column: str, nulls: bool) -> np.ndarray:
     col = pq.ParquetFile(file).read_row_group(group, columns=[column]).column(0)
     if pa.types.is_fixed_size_list(col.type):
         return column_matrix(col)
-    return col.to_numpy()
+    return to_numpy(col, nulls)
 
 
 def _with_column(file: Path, source: str, name: str,
@@ -107,6 +109,13 @@ def _with_column(file: Path, source: str, name: str,
         else:
             table = table.append_column(name, column)
         yield table
+
+
+def _conformed(staging: Staging, level: str, layout: Layout) -> Iterator[pa.Table]:
+    """The staged parts of a level, each cast to the one schema they unify to."""
+    columns = StoredColumns.from_parts([staging.part_path(i, level) for i in layout.indices])
+    for table in staging.read_parts(level, layout.indices):
+        yield columns.conform(table)
 
 
 def _metadata(file: Path) -> dict[str, Any] | None:
@@ -133,8 +142,8 @@ class ParquetFormat:
                provenance: dict[str, Any]) -> None:
         root = Path(path)
         if layout.has_chunks:
-            _write(root / "chunks.parquet", staging.read_parts("chunks", layout.indices), None)
-        docs = (t.drop_columns(["row"]) for t in staging.read_parts("docs", layout.indices))
+            _write(root / "chunks.parquet", _conformed(staging, "chunks", layout), None)
+        docs = (t.drop_columns(["row"]) for t in _conformed(staging, "docs", layout))
         _write(root / "docs.parquet", docs, provenance)
 
     def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..errors import StoreError
+from ..errors import JobError, StoreError
 from ..spec import Job, ViewSpec
 
 FORMAT_VERSION = 1
@@ -146,6 +146,8 @@ class Provenance:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"{where}: damaged provenance ({type(exc).__name__}: {exc})") from None
+        except JobError as exc:  # written by a bertpipe with looser rules, or edited
+            raise StoreError(f"{where}: the store's job does not validate: {exc}") from None
 
 
 def is_complete(raw: dict[str, Any] | None) -> bool:

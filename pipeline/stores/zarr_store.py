@@ -22,6 +22,7 @@ import zarr
 import zarr.codecs
 
 from .base import Layout, column_matrix
+from .columns import MISSING_ATTRIBUTE, StoredColumns, strings_as_objects
 from .staging import Staging
 
 ROWS_PER_CHUNK = 8192
@@ -30,19 +31,23 @@ ROWS_PER_CHUNK = 8192
 COMPRESSOR = zarr.codecs.BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")
 
 
-def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int) -> None:
+def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int,
+                 columns: StoredColumns) -> None:
     dim = "doc" if level == "docs" else "chunk"
     group = root.require_group(level)
     arrays: dict[str, zarr.Array] = {}
     offset = 0
     for table in parts:
+        table = columns.conform(table)
         for name in table.column_names:
             if name == "row":
                 continue
-            values = _numpy(table.column(name))
+            values = _numpy(columns, name, table.column(name))
             if name not in arrays:
                 target = root if name == "id" else group
                 arrays[name] = _create(target, "ids" if name == "id" else name, values, n, dim)
+                if attributes := columns.zarr_attributes(name):
+                    arrays[name].update_attributes(attributes)
             arrays[name][offset : offset + table.num_rows] = values
         offset += table.num_rows
 
@@ -57,20 +62,27 @@ def _create(group: zarr.Group, name: str, sample: np.ndarray, n: int, dim: str) 
     )
 
 
-def _numpy(column: pa.ChunkedArray) -> np.ndarray:
+def _numpy(columns: StoredColumns, name: str, column: pa.ChunkedArray) -> np.ndarray:
     if pa.types.is_fixed_size_list(column.type):
         return column_matrix(column)
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        return np.array(column.fill_null("").to_pylist(), dtype=str)
-    return column.to_numpy()
+    return columns.zarr_values(name, column)
 
 
 def _dataset(group: Any, coords: dict[str, Any]) -> xr.Dataset:
     variables = {}
     for name, array in group.arrays():
         dims = tuple(array.metadata.dimension_names)
-        variables[name] = (dims, da.from_zarr(array))
+        variables[name] = (dims, _lazy(array))
     return xr.Dataset(variables, coords=coords)
+
+
+def _lazy(array: Any) -> da.Array:
+    """A Zarr array as dask; strings as objects with None for nulls (as Parquet reads)."""
+    data = da.from_zarr(array)
+    if data.dtype.kind not in "OTU":
+        return data
+    missing = array.attrs.get(MISSING_ATTRIBUTE)
+    return data.map_blocks(strings_as_objects, missing=missing, dtype=object)
 
 
 class ZarrFormat:
@@ -99,16 +111,18 @@ class ZarrFormat:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # string arrays: zarr warns the vlen spec is young
             root = zarr.open_group(path, mode="a", use_consolidated=False)
-            _write_level(root, "docs", staging.read_parts("docs", layout.indices), layout.n_docs)
-            if layout.has_chunks:
-                _write_level(root, "chunks", staging.read_parts("chunks", layout.indices),
-                             layout.n_chunks)
+            for level, n in (("docs", layout.n_docs), ("chunks", layout.n_chunks)):
+                if level == "chunks" and not layout.has_chunks:
+                    continue
+                columns = StoredColumns.from_parts(
+                    [staging.part_path(i, level) for i in layout.indices])
+                _write_level(root, level, staging.read_parts(level, layout.indices), n, columns)
         self.update_provenance(path, provenance)
 
     def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
         root = zarr.open_group(path, mode="r")
         ids = root["ids"]
-        docs = _dataset(root["docs"], coords={"id": ("doc", da.from_zarr(ids))})
+        docs = _dataset(root["docs"], coords={"id": ("doc", _lazy(ids))})
         # views being written by postprocess live under a temporary dot-name until done
         docs = docs.drop_vars([v for v in docs.data_vars if str(v).startswith(".")])
         chunks = _dataset(root["chunks"], {}) if "chunks" in root else None
