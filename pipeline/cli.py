@@ -43,6 +43,9 @@ class OneLineGroup(click.Group):
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
             code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:
+            exc.show()  # no arguments at all: the help, as click shows it
+            sys.exit(exc.exit_code)
         except click.ClickException as exc:
             where = getattr(getattr(exc, "ctx", None), "command_path", None)
             hint = f" (see {where} --help)" if isinstance(exc, click.UsageError) and where \

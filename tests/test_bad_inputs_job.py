@@ -584,3 +584,14 @@ def test_dry_run_prints_the_plan_and_creates_nothing(tmp_path: Path, tiny_bert: 
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     validate = CliRunner().invoke(main, ["validate", job])
     assert validate.exit_code == 0 and "input 1 file, 12 rows, 3 partitions" in validate.stdout
+
+
+def test_usage_errors_are_one_line_and_help_still_shows() -> None:
+    bare = CliRunner().invoke(main, [], prog_name="bertpipe")
+    assert bare.exit_code == 2 and "Usage: bertpipe [OPTIONS] COMMAND" in bare.output
+    unknown = CliRunner().invoke(main, ["extrct"], prog_name="bertpipe")
+    assert unknown.exit_code == 2
+    assert unknown.stderr.strip() == ("error: No such command 'extrct'. Did you mean 'extract'? "
+                                      "(see bertpipe --help)")
+    helped = CliRunner().invoke(main, ["search", "--help"])
+    assert helped.exit_code == 0 and "-k INTEGER RANGE" in helped.stdout
