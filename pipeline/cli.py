@@ -203,5 +203,50 @@ def index(store_path: str, view: str, level: str, nprobe: int) -> None:
     click.echo(f"wrote {path}; bertpipe search uses it (--exact to scan instead)")
 
 
+@main.command()
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@set_option
+@click.option("--id", "row_id", default=None, help="The row: its id (input.id_column), or its "
+              "row number when the job has no id column.")
+@click.option("--chunk", default=0, show_default=True, help="Which chunk of the row.")
+@click.option("--layers", default=None, help="Comma-separated transformer blocks, 0-based, "
+              "negative from the end (default: all).")
+@click.option("--heads", default=None, help="Comma-separated heads (default: all).")
+@click.option("--summary", is_flag=True, help="Per-head statistics over --sample rows "
+              "instead of one row's maps.")
+@click.option("--sample", default=100, show_default=True, help="--summary: rows sampled "
+              "(fixed seed).")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Folder for attention.html + attention.npz (or the summary's files).")
+@_user_errors
+def attention(job_file: str, overrides: tuple[str, ...], row_id: str | None, chunk: int,
+              layers: str | None, heads: str | None, summary: bool, sample: int, seed: int,
+              out_dir: str) -> None:
+    """Attention maps of one row, or what every head does over a sample (a diagnostic)."""
+    from .analysis.attention import AttentionError, attention_for_row, summarize_heads
+    from .spec import load_job
+
+    if summary == (row_id is not None):
+        raise AttentionError("give either --id ID (one row's maps) or --summary (statistics "
+                             "over --sample rows)")
+    if summary and chunk:
+        raise AttentionError("--chunk: applies to one row (--id); --summary uses each "
+                             "sampled row's first chunk")
+    job = load_job(job_file, overrides)
+    if summary:
+        result = summarize_heads(job, sample=sample, seed=seed, layers=layers, heads=heads)
+        click.echo(result.table())
+        paths = result.save(out_dir)
+        click.echo(f"wrote {paths['json']}, {paths['html']}")
+        return
+    assert row_id is not None  # checked above: exactly one of --id / --summary
+    row = attention_for_row(job, row_id, layers=layers, heads=heads, chunk=chunk)
+    paths = row.save(out_dir)
+    click.echo(f"row {row.row} (id {row_id}), chunk {row.chunk} of {row.n_chunks}: "
+               f"{len(row.tokens)} tokens, {len(row.layers)} layers x {len(row.heads)} heads")
+    click.echo(f"wrote {paths['html']}, {paths['npz']}")
+
+
 if __name__ == "__main__":
     main()
