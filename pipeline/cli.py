@@ -91,14 +91,20 @@ def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
               "fix (center, whiten, all-but-the-top).")
 @click.option("--sample", default=2000, show_default=True, help="Random pairs for the mean "
               "cosine (fixed seed).")
+@click.option("--against", "other_path", default=None, type=click.Path(),
+              help="Another store whose vocabulary fit is shown side by side.")
 @_user_errors
-def inspect(store_path: str, geometry: bool, sample: int) -> None:
-    """Summarise a store: rows, views, coverage, chunks, provenance."""
+def inspect(store_path: str, geometry: bool, sample: int, other_path: str | None) -> None:
+    """Summarise a store: rows, views, coverage, chunks, vocabulary fit, provenance."""
     from .analysis.inspect import describe, describe_geometry
+    from .analysis.vocabulary import describe_vocabulary, vocabulary_fit
     from .api import open_store
 
     store = open_store(store_path)
+    other = open_store(other_path) if other_path else None
     click.echo(describe(store))
+    fits = [vocabulary_fit(s) for s in (store, other) if s is not None]
+    click.echo(describe_vocabulary(fits))
     if geometry:
         click.echo(describe_geometry(store, pairs=sample))
 

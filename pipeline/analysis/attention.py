@@ -42,8 +42,9 @@ from ..errors import BertpipeError, InputError, ModelError
 from ..extract.batching import plan_batches
 from ..extract.chunking import ChunkedPartition, Specials, chunk_partition, content_budget
 from ..extract.model import LoadedModel, load_model
-from ..extract.source import list_files, plan_partitions, read_partition, read_text
+from ..extract.source import list_files, read_text
 from ..spec import InputSpec, Job
+from .rows import count_rows, read_texts, sample_rows
 
 STATISTICS = ("entropy", "distance", "cls", "sep", "punct")
 STAT_TITLES = {
@@ -349,14 +350,6 @@ def _decimals(statistic: str) -> int:
     return 2 if statistic in ("entropy", "distance") else 3
 
 
-def sample_rows(n_rows: int, sample: int, seed: int) -> list[int]:
-    """A fixed-seed sample of row numbers, sorted (all rows when sample >= n_rows)."""
-    if sample >= n_rows:
-        return list(range(n_rows))
-    rng = np.random.default_rng(seed)
-    return sorted(int(r) for r in rng.choice(n_rows, size=sample, replace=False))
-
-
 def summarize_heads(job: Job, sample: int = 100, seed: int = 0, layers: str | None = None,
                     heads: str | None = None, model: EagerAttention | None = None
                     ) -> HeadSummary:
@@ -366,26 +359,19 @@ def summarize_heads(job: Job, sample: int = 100, seed: int = 0, layers: str | No
     model = model or EagerAttention(job)
     chosen_layers = parse_indices(layers, model.n_layers, "--layers")
     chosen_heads = parse_indices(heads, model.n_heads, "--heads")
-    parts = plan_partitions(job.input, job.execution.partition_rows)
-    n_rows = parts[-1].row_stop if parts else 0
-    wanted = sample_rows(n_rows, sample, seed)
+    wanted = sample_rows(count_rows(job.input), sample, seed)
+    texts = read_texts(job.input, wanted)
     stats = HeadStatistics(len(chosen_layers), len(chosen_heads))
-    kept: list[int] = []
-    for part in parts:  # one partition in memory at a time
-        rows = [r for r in wanted if part.row_start <= r < part.row_stop]
-        if not rows:
-            continue
-        texts = read_partition(job.input, part).texts
-        chunked = model.chunk([texts[r - part.row_start] for r in rows])
-        firsts = {int(d): k for k, (d, s) in enumerate(zip(chunked.chunk_doc,
-                                                           chunked.chunk_seq, strict=True))
-                  if s == 0}
-        order = sorted(firsts)
-        sequences = [chunked.chunk_ids[firsts[d]] for d in order]
-        for i, matrices in model.attentions(sequences):
-            picked = matrices[np.ix_(chosen_layers, chosen_heads)]
-            stats.add(picked, TokenKinds.of(model.tokens(sequences[i]), model.specials))
-        kept.extend(rows[d] for d in order)
+    chunked = model.chunk(texts)
+    # each sampled row's first chunk; rows without text have none
+    firsts = {int(d): k for k, (d, s) in enumerate(zip(chunked.chunk_doc, chunked.chunk_seq,
+                                                       strict=True)) if s == 0}
+    order = sorted(firsts)
+    sequences = [chunked.chunk_ids[firsts[d]] for d in order]
+    for i, matrices in model.attentions(sequences):
+        picked = matrices[np.ix_(chosen_layers, chosen_heads)]
+        stats.add(picked, TokenKinds.of(model.tokens(sequences[i]), model.specials))
+    kept = [wanted[d] for d in order]
     return HeadSummary(model=job.model.path, layers=chosen_layers, heads=chosen_heads,
                        rows=sorted(kept), n_sampled=len(wanted),
                        n_empty=len(wanted) - len(kept), n_queries=stats.n_queries,
