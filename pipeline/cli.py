@@ -171,10 +171,17 @@ def search(store_path: str, query: tuple[str, ...], view: str | None, k: int,
 @click.option("--seed", default=0, show_default=True)
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Where probe.json, probe.html and probe.png go (default STORE-probe/).")
+@click.option("--learning-curve", "learning_curve", is_flag=True, help="Also refit each view "
+              "on 50, 100, 200, ... labelled rows: frozen features enough, or more labels?")
+@click.option("--curve-sizes", default=None, metavar="N,N,...",
+              help="--learning-curve: these sizes instead of 50, 100, 200, ...")
+@click.option("--curve-repeats", default=3, show_default=True,
+              help="--learning-curve: subsamples (seeds) per fold and size.")
 @_user_errors
 def probe(store_path: str, label: str, labels_file: str | None, label_column: str | None,
           id_column: str, view_names: str | None, layers: bool, scalar_mix: str | None,
-          folds: int, seed: int, out_dir: str | None) -> None:
+          folds: int, seed: int, out_dir: str | None, learning_curve: bool,
+          curve_sizes: str | None, curve_repeats: int) -> None:
     """Linear probes of every view: which layer and pooling carry the label?"""
     from .analysis.probe import load_labels, run_probe
     from .analysis.report import table, write_outputs
@@ -187,10 +194,23 @@ def probe(store_path: str, label: str, labels_file: str | None, label_column: st
         from .analysis.probe import single_layer_views
 
         views = single_layer_views(store, views)
-    report = run_probe(store, labels, views, folds=folds, seed=seed, scalar_mix=scalar_mix)
+    sizes = _int_list(curve_sizes, "--curve-sizes") if curve_sizes else None
+    report = run_probe(store, labels, views, folds=folds, seed=seed, scalar_mix=scalar_mix,
+                       learning_curve=learning_curve, curve_sizes=sizes,
+                       curve_repeats=curve_repeats)
     click.echo(table(report))
     paths = write_outputs(report, out_dir or f"{store_path.rstrip('/')}-probe")
     click.echo(f"wrote {paths['json']}, {paths['html']}")
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    from .analysis.probe import ProbeError
+
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise ProbeError(f"{option}: {text!r} is not a comma-separated list of integers "
+                         "(e.g. 50,100,200)") from None
 
 
 @main.command()
