@@ -133,6 +133,8 @@ def test_statistics_equal_a_float64_count() -> None:
                 assert got[key][layer, head] == pytest.approx(total / n, abs=1e-12), key
     assert stats.n_queries == 7
     assert stats.uniform_entropy == pytest.approx((4 * math.log(4) + 3 * math.log(3)) / 7)
+    uniform = sum(abs(i - j) / t for t in (4, 3) for i in range(t) for j in range(t)) / 7
+    assert stats.uniform_distance == pytest.approx(uniform)
 
 
 def test_punctuation_rule() -> None:

@@ -272,6 +272,7 @@ class HeadStatistics:
     n_queries: int = 0
     n_sequences: int = 0
     log_t_sum: float = 0.0  # Σ over queries of ln T: the entropy of uniform attention
+    uniform_distance_sum: float = 0.0  # Σ over queries of uniform attention's distance
 
     def __post_init__(self) -> None:
         self.sums = {k: np.zeros((self.n_layers, self.n_heads)) for k in STATISTICS}
@@ -291,6 +292,7 @@ class HeadStatistics:
         self.n_queries += t
         self.n_sequences += 1
         self.log_t_sum += t * math.log(t)
+        self.uniform_distance_sum += (t * t - 1) / 3  # Σ_i (1/T) Σ_j |i − j|
 
     def means(self) -> dict[str, np.ndarray]:
         n = max(self.n_queries, 1)
@@ -299,6 +301,10 @@ class HeadStatistics:
     @property
     def uniform_entropy(self) -> float:
         return self.log_t_sum / max(self.n_queries, 1)
+
+    @property
+    def uniform_distance(self) -> float:
+        return self.uniform_distance_sum / max(self.n_queries, 1)
 
 
 @dataclass
@@ -311,6 +317,7 @@ class HeadSummary:
     n_empty: int
     n_queries: int
     uniform_entropy: float
+    uniform_distance: float
     statistics: dict[str, np.ndarray]  # name -> (len(layers), len(heads))
 
     def to_dict(self) -> dict[str, Any]:
@@ -318,6 +325,7 @@ class HeadSummary:
             "model": self.model, "layers": self.layers, "heads": self.heads,
             "rows": self.rows, "n_sampled": self.n_sampled, "n_empty": self.n_empty,
             "n_queries": self.n_queries, "uniform_entropy": self.uniform_entropy,
+            "uniform_distance": self.uniform_distance,
             "definitions": STAT_TITLES,
             "statistics": {k: v.tolist() for k, v in self.statistics.items()},
         }
@@ -326,7 +334,7 @@ class HeadSummary:
         lines = [f"attention summary of {self.model}: first chunk of {len(self.rows)} sampled "
                  f"rows ({self.n_empty} of {self.n_sampled} sampled rows were empty), "
                  f"{self.n_queries} query tokens; uniform attention would have entropy "
-                 f"{self.uniform_entropy:.2f}"]
+                 f"{self.uniform_entropy:.2f} and distance {self.uniform_distance:.2f}"]
         for name in STATISTICS:
             values = self.statistics[name]
             fmt = f"{{:>6.{_decimals(name)}f}}"
@@ -375,7 +383,8 @@ def summarize_heads(job: Job, sample: int = 100, seed: int = 0, layers: str | No
     return HeadSummary(model=job.model.path, layers=chosen_layers, heads=chosen_heads,
                        rows=sorted(kept), n_sampled=len(wanted),
                        n_empty=len(wanted) - len(kept), n_queries=stats.n_queries,
-                       uniform_entropy=stats.uniform_entropy, statistics=stats.means())
+                       uniform_entropy=stats.uniform_entropy,
+                       uniform_distance=stats.uniform_distance, statistics=stats.means())
 
 
 # ---- HTML: inline SVG, heatmaps as PNG data URIs, no scripts or external assets ---------
@@ -492,6 +501,7 @@ def render_summary_html(s: HeadSummary) -> str:
             f'<h1>What the heads do</h1><p>Model {html.escape(s.model)}, eager attention in '
             f'float32, first chunk of {len(s.rows)} sampled rows, {s.n_queries} query tokens. '
             f'Each value is a mean over query tokens; uniform attention would have entropy '
-            f'{s.uniform_entropy:.2f} nats. Rows: layers (0 = first transformer block); '
+            f'{s.uniform_entropy:.2f} nats and distance {s.uniform_distance:.2f} tokens. '
+            f'Rows: layers (0 = first transformer block); '
             f'columns: heads; each grid is coloured from its own minimum to maximum.</p>'
             f'{sections}</body></html>\n')
