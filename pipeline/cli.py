@@ -174,14 +174,20 @@ def unlock(store_path: str) -> None:
               "fix (center, whiten, all-but-the-top).")
 @click.option("--sample", default=2000, show_default=True, type=click.IntRange(min=1),
               help="Random pairs for the mean cosine (fixed seed).")
+@click.option("--against", "other_path", default=None, type=click.Path(),
+              help="Another store whose vocabulary fit is shown side by side.")
 @_user_errors
-def inspect(store_path: str, geometry: bool, sample: int) -> None:
-    """Summarise a store: rows, views, coverage, chunks, provenance."""
+def inspect(store_path: str, geometry: bool, sample: int, other_path: str | None) -> None:
+    """Summarise a store: rows, views, coverage, chunks, vocabulary fit, provenance."""
     from .analysis.inspect import describe, describe_geometry
+    from .analysis.vocabulary import describe_vocabulary, vocabulary_fit
     from .api import open_store
 
     store = open_store(store_path)
+    other = open_store(other_path) if other_path else None
     click.echo(describe(store))
+    fits = [vocabulary_fit(s) for s in (store, other) if s is not None]
+    click.echo(describe_vocabulary(fits))
     if geometry:
         click.echo(describe_geometry(store, pairs=sample))
 
@@ -259,10 +265,17 @@ def search(store_path: str, query: tuple[str, ...], view: str | None, k: int,
 @click.option("--seed", default=0, show_default=True)
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Where probe.json, probe.html and probe.png go (default STORE-probe/).")
+@click.option("--learning-curve", "learning_curve", is_flag=True, help="Also refit each view "
+              "on 50, 100, 200, ... labelled rows: frozen features enough, or more labels?")
+@click.option("--curve-sizes", default=None, metavar="N,N,...",
+              help="--learning-curve: these sizes instead of 50, 100, 200, ...")
+@click.option("--curve-repeats", default=3, show_default=True,
+              help="--learning-curve: subsamples (seeds) per fold and size.")
 @_user_errors
 def probe(store_path: str, label: str, labels_file: str | None, label_column: str | None,
           id_column: str, view_names: str | None, layers: bool, scalar_mix: str | None,
-          folds: int, seed: int, out_dir: str | None) -> None:
+          folds: int, seed: int, out_dir: str | None, learning_curve: bool,
+          curve_sizes: str | None, curve_repeats: int) -> None:
     """Linear probes of every view: which layer and pooling carry the label?"""
     from .analysis.probe import load_labels, run_probe
     from .analysis.report import table, write_outputs
@@ -275,10 +288,23 @@ def probe(store_path: str, label: str, labels_file: str | None, label_column: st
         from .analysis.probe import single_layer_views
 
         views = single_layer_views(store, views)
-    report = run_probe(store, labels, views, folds=folds, seed=seed, scalar_mix=scalar_mix)
+    sizes = _int_list(curve_sizes, "--curve-sizes") if curve_sizes else None
+    report = run_probe(store, labels, views, folds=folds, seed=seed, scalar_mix=scalar_mix,
+                       learning_curve=learning_curve, curve_sizes=sizes,
+                       curve_repeats=curve_repeats)
     click.echo(table(report))
     paths = write_outputs(report, out_dir or f"{store_path.rstrip('/')}-probe")
     click.echo(f"wrote {paths['json']}, {paths['html']}")
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    from .analysis.probe import ProbeError
+
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise ProbeError(f"{option}: {text!r} is not a comma-separated list of integers "
+                         "(e.g. 50,100,200)") from None
 
 
 @main.command()
@@ -296,6 +322,51 @@ def index(store_path: str, view: str, level: str, nprobe: int) -> None:
 
     path = build_index(open_store(store_path), view, level, nprobe=nprobe)
     click.echo(f"wrote {path}; bertpipe search uses it (--exact to scan instead)")
+
+
+@main.command()
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@set_option
+@click.option("--id", "row_id", default=None, help="The row: its id (input.id_column), or its "
+              "row number when the job has no id column.")
+@click.option("--chunk", default=0, show_default=True, help="Which chunk of the row.")
+@click.option("--layers", default=None, help="Comma-separated transformer blocks, 0-based, "
+              "negative from the end (default: all).")
+@click.option("--heads", default=None, help="Comma-separated heads (default: all).")
+@click.option("--summary", is_flag=True, help="Per-head statistics over --sample rows "
+              "instead of one row's maps.")
+@click.option("--sample", default=100, show_default=True, help="--summary: rows sampled "
+              "(fixed seed).")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Folder for attention.html + attention.npz (or the summary's files).")
+@_user_errors
+def attention(job_file: str, overrides: tuple[str, ...], row_id: str | None, chunk: int,
+              layers: str | None, heads: str | None, summary: bool, sample: int, seed: int,
+              out_dir: str) -> None:
+    """Attention maps of one row, or what every head does over a sample (a diagnostic)."""
+    from .analysis.attention import AttentionError, attention_for_row, summarize_heads
+    from .spec import load_job
+
+    if summary == (row_id is not None):
+        raise AttentionError("give either --id ID (one row's maps) or --summary (statistics "
+                             "over --sample rows)")
+    if summary and chunk:
+        raise AttentionError("--chunk: applies to one row (--id); --summary uses each "
+                             "sampled row's first chunk")
+    job = load_job(job_file, overrides)
+    if summary:
+        result = summarize_heads(job, sample=sample, seed=seed, layers=layers, heads=heads)
+        click.echo(result.table())
+        paths = result.save(out_dir)
+        click.echo(f"wrote {paths['json']}, {paths['html']}")
+        return
+    assert row_id is not None  # checked above: exactly one of --id / --summary
+    row = attention_for_row(job, row_id, layers=layers, heads=heads, chunk=chunk)
+    paths = row.save(out_dir)
+    click.echo(f"row {row.row} (id {row_id}), chunk {row.chunk} of {row.n_chunks}: "
+               f"{len(row.tokens)} tokens, {len(row.layers)} layers x {len(row.heads)} heads")
+    click.echo(f"wrote {paths['html']}, {paths['npz']}")
 
 
 if __name__ == "__main__":

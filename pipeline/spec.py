@@ -34,6 +34,7 @@ NAME_RULE = "use letters, digits and _, starting with a letter or _, at most 64 
 STORE_FIELDS = frozenset({
     "id", "ids", "row", "doc", "docs", "chunk", "chunks", "seq", "start", "end", "n_tokens",
     "n_chunks", "truncated", "status", "post", "index", "_bertpipe",
+    "n_unk", "n_words", "n_fragmented",  # vocabulary fit, per row
 })
 DIM_SUFFIX = "_dim"  # a view's second dimension is `<view>_dim`
 

@@ -181,14 +181,15 @@ CLASSES = np.array(["neg", "neu", "pos"])
 
 
 def synthetic_store(path: Path, informative_layer: int = 2, seed: int = 0,
-                    labels: np.ndarray | None = None) -> pipeline.Store:
-    """Single-layer mean views l0..l3 where only `informative_layer` separates the classes,
-    plus a pure-noise view; written through the real staging + commit path."""
+                    labels: np.ndarray | None = None, strength: float = 1.5) -> pipeline.Store:
+    """Single-layer mean views l0..l3 where only `informative_layer` separates the classes
+    (class centres ~ N(0, strength²) per dimension, unit noise), plus a pure-noise view;
+    written through the real staging + commit path."""
     n, width, n_states = SYNTHETIC_ROWS, SYNTHETIC_WIDTH, SYNTHETIC_LAYERS
     rng = np.random.default_rng(seed)
     y = labels if labels is not None else CLASSES[rng.integers(0, 3, n)]
     codes = np.unique(y, return_inverse=True)[1]
-    centers = rng.normal(size=(3, width)) * 1.5
+    centers = rng.normal(size=(3, width)) * strength
     columns: dict[str, pa.Array] = {
         "row": pa.array(np.arange(n)), "id": pa.array([f"d{i}" for i in range(n)]),
         "n_tokens": pa.array(np.full(n, 10)), "n_chunks": pa.array(np.ones(n, np.int64)),

@@ -27,6 +27,9 @@ from ..stores.opened import StoreData as Store
 
 LINEAR_POOLINGS = ("mean", "cls", "attention", "last")
 log = logging.getLogger(__name__)
+FLAT_GAIN = 0.01  # learning curve: less gain than this per doubling of labels reads "flat"
+CURVE_START = 50  # learning curve: first size; then doubling up to the whole training fold
+MIN_PER_CLASS = 3  # a subsample keeps this many rows of every class (inner 3-fold CV)
 
 
 class ProbeError(BertpipeError):
@@ -61,6 +64,31 @@ class MixResult:
 
 
 @dataclass
+class LearningCurve:
+    """Probe score against labelled rows for one view: at each size, stratified subsamples
+    of every training fold (one per fold and seed), scored on that fold's full test part."""
+
+    view: str
+    sizes: list[int]
+    mean: list[float]
+    std: list[float]  # over folds × seeds
+    repeats: int  # seeds per fold (1 at the last size, where the subsample is the fold)
+    gain_per_doubling: float  # over the last doubling: see `reading`
+    flat: bool
+
+    def reading(self, key: str) -> str:
+        """Flat when the score gains less than FLAT_GAIN per doubling of labelled rows between
+        the largest size and the largest one at most half of it."""
+        if len(self.sizes) < 2:
+            return "one size only: no trend to read"
+        gain = f"{self.gain_per_doubling:+.3f} {key} per doubling of labelled rows at the end"
+        if self.flat:
+            return (f"flat ({gain}, under {FLAT_GAIN}): the frozen features are enough; "
+                    "more labels are unlikely to help this probe")
+        return (f"still rising ({gain}): more labels, or fine-tuning, may pay")
+
+
+@dataclass
 class ProbeReport:
     task: str  # classification | regression
     label: str
@@ -71,6 +99,7 @@ class ProbeReport:
     results: list[ProbeResult]
     mix: MixResult | None = None
     classes: dict[str, int] = field(default_factory=dict)
+    curves: list[LearningCurve] = field(default_factory=list)
 
     @property
     def score_key(self) -> str:
@@ -100,6 +129,8 @@ class ProbeReport:
         if self.mix is not None:
             out["mix"]["softmax"] = self.mix.softmax
             out["mix"]["view_block"] = self.mix.view_block()
+        for curve, raw in zip(self.curves, out["curves"], strict=True):
+            raw["reading"] = curve.reading(self.score_key)
         return out
 
 
@@ -133,7 +164,9 @@ def load_labels(store: Store, label: str, labels_file: str | None = None,
 
 
 def run_probe(store: Store, labels: pd.Series, views: Sequence[str] | None = None,
-              folds: int = 5, seed: int = 0, scalar_mix: str | None = None) -> ProbeReport:
+              folds: int = 5, seed: int = 0, scalar_mix: str | None = None,
+              learning_curve: bool = False, curve_sizes: Sequence[int] | None = None,
+              curve_repeats: int = 3) -> ProbeReport:
     if folds < 2:
         raise OptionError(f"--folds: {folds}; cross-validation needs at least 2 folds")
     ok = (np.asarray(store.docs["status"].values) == "ok") & labels.notna().to_numpy()
@@ -142,14 +175,19 @@ def run_probe(store: Store, labels: pd.Series, views: Sequence[str] | None = Non
     y, classes = _encode_labels(y_raw, task, folds)
     folds = _folds_for(y, task, folds)
     names = list(views or store.views)
-    results = []
+    if learning_curve:  # refuse bad sizes before any fitting
+        _check_curve_options(curve_sizes, curve_repeats, _min_curve_size(y, task))
+    results, curves = [], []
     for name in names:
         x = store.vectors(name)[ok].astype(np.float64)
         layer, pooling = _view_layer_pooling(store, name)
         results.append(ProbeResult(name, layer, pooling, _cross_validate(x, y, task, folds,
                                                                          seed)))
+        if learning_curve:
+            curves.append(fit_learning_curve(name, x, y, task, folds, seed, curve_sizes,
+                                             curve_repeats))
     report = ProbeReport(task, str(labels.name or "label"), int(ok.sum()), folds, seed,
-                         _baseline(y, task), results, classes=classes)
+                         _baseline(y, task), results, classes=classes, curves=curves)
     if scalar_mix:
         report.mix = learn_scalar_mix(store, ok, y, task, scalar_mix, folds, seed)
     return report
@@ -219,29 +257,44 @@ def _splits(y: np.ndarray, task: str, folds: int, seed: int) -> list[tuple[np.nd
 def _cross_validate(x: np.ndarray, y: np.ndarray, task: str, folds: int, seed: int
                     ) -> dict[str, float]:
     from scipy.stats import spearmanr
-    from sklearn.linear_model import Ridge
     from sklearn.metrics import accuracy_score, f1_score, r2_score
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
 
     scores: dict[str, list[float]] = {}
     for train, test in _splits(y, task, folds, seed):
+        pred = _fit_predict(x[train], y[train], x[test], task, seed)
         if task == "classification":
-            warnings.filterwarnings("ignore", category=FutureWarning)  # sklearn API churn
-            model = make_pipeline(StandardScaler(), _logistic(seed, y[train]))
-            model.fit(x[train], y[train])
-            pred = model.predict(x[test])
             fold = {"accuracy": accuracy_score(y[test], pred),
                     "macro_f1": f1_score(y[test], pred, average="macro")}
         else:
-            model = make_pipeline(StandardScaler(), Ridge(alpha=1.0))
-            model.fit(x[train], y[train])
-            pred = model.predict(x[test])
             fold = {"r2": r2_score(y[test], pred),
                     "spearman": float(spearmanr(y[test], pred).statistic)}
         for k, v in fold.items():
             scores.setdefault(k, []).append(float(v))
     return _summarise(scores)
+
+
+def _fit_predict(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, task: str,
+                 seed: int) -> np.ndarray:
+    """The probe: standardised features, then logistic (inner-CV L2) or ridge regression."""
+    from sklearn.linear_model import Ridge
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    if task == "classification":
+        warnings.filterwarnings("ignore", category=FutureWarning)  # sklearn API churn
+        model = make_pipeline(StandardScaler(), _logistic(seed, y_train))
+    else:
+        model = make_pipeline(StandardScaler(), Ridge(alpha=1.0))
+    model.fit(x_train, y_train)
+    pred: np.ndarray = model.predict(x_test)
+    return pred
+
+
+def _score(y_true: np.ndarray, pred: np.ndarray, task: str) -> float:
+    from sklearn.metrics import accuracy_score, r2_score
+
+    return float(accuracy_score(y_true, pred) if task == "classification"
+                 else r2_score(y_true, pred))
 
 
 def _logistic(seed: int, y: np.ndarray) -> Any:
@@ -285,6 +338,94 @@ def single_layer_views(store: Store, names: Sequence[str] | None = None) -> list
         raise ProbeError("--layers: the store has no single-layer views; extract a sweep "
                          "(jobs/sweep.yaml) first")
     return chosen
+
+
+# ---- learning curves -------------------------------------------------------------------
+
+def _min_curve_size(y: np.ndarray, task: str) -> int:
+    return MIN_PER_CLASS * len(np.unique(y)) if task == "classification" else 10
+
+
+def _check_curve_options(sizes: Sequence[int] | None, repeats: int, minimum: int) -> None:
+    small = [n for n in sizes or () if n < minimum]
+    if small:
+        raise ProbeError(f"--curve-sizes: {small[0]} rows is too few; the smallest size is "
+                         f"{minimum} ({MIN_PER_CLASS} per class)")
+    if repeats < 1:
+        raise ProbeError(f"--curve-repeats: {repeats} must be at least 1")
+
+
+def curve_sizes(n_max: int, requested: Sequence[int] | None, minimum: int) -> list[int]:
+    """50, 100, 200, ... below the smallest training fold, then that fold's size (all
+    rows); or the requested sizes up to it, plus it."""
+    if requested:
+        sizes = sorted({n for n in requested if n < n_max})
+    else:
+        start = max(CURVE_START, minimum)
+        sizes = [start * 2 ** k for k in range(32) if start * 2 ** k < n_max]
+    return [*sizes, n_max]
+
+
+def stratified_subsample(y: np.ndarray, n: int, rng: np.random.Generator,
+                         task: str) -> np.ndarray:
+    """Positions of n rows of y: per class in proportion (largest remainders), at least
+    MIN_PER_CLASS of each class that has them; a plain random draw for regression."""
+    if n >= len(y):
+        return np.arange(len(y))
+    if task != "classification":
+        return np.sort(rng.choice(len(y), size=n, replace=False))
+    classes, counts = np.unique(y, return_counts=True)
+    exact = n * counts / counts.sum()
+    least = np.minimum(MIN_PER_CLASS, counts)
+    quota = np.minimum(counts, np.maximum(np.floor(exact).astype(int), least))
+    while quota.sum() < n:  # hand out the rest by largest remainder, where rows are left
+        room = quota < counts
+        quota[np.flatnonzero(room)[np.argmax((exact - quota)[room])]] += 1
+    while quota.sum() > n:  # the MIN_PER_CLASS floor overshot: take from the classes above
+        spare = quota > least  # their floor that are furthest over their exact share
+        quota[np.flatnonzero(spare)[np.argmax((quota - exact)[spare])]] -= 1
+    picks = [rng.choice(np.flatnonzero(y == c), size=q, replace=False)
+             for c, q in zip(classes, quota, strict=True)]
+    return np.sort(np.concatenate(picks))
+
+
+def fit_learning_curve(view: str, x: np.ndarray, y: np.ndarray, task: str, folds: int,
+                       seed: int, sizes: Sequence[int] | None = None, repeats: int = 3
+                       ) -> LearningCurve:
+    """Score at increasing numbers of labelled rows, on the same folds as the probe."""
+    minimum = _min_curve_size(y, task)
+    _check_curve_options(sizes, repeats, minimum)
+    splits = _splits(y, task, folds, seed)
+    n_max = min(len(train) for train, _ in splits)
+    chosen = curve_sizes(n_max, sizes, minimum)
+    means, stds = [], []
+    for n in chosen:
+        scores = []
+        for r in range(1 if n == n_max else repeats):
+            for f, (train, test) in enumerate(splits):
+                rng = np.random.default_rng([seed, r, f, n])
+                # the last size is every training fold whole (folds differ by at most a
+                # row), so that point is the probe's own cross-validated score
+                sub = train if n == n_max else train[
+                    stratified_subsample(y[train], n, rng, task)]
+                pred = _fit_predict(x[sub], y[sub], x[test], task, seed)
+                scores.append(_score(y[test], pred, task))
+        means.append(float(np.mean(scores)))
+        stds.append(float(np.std(scores)))
+    gain = _gain_per_doubling(chosen, means)
+    return LearningCurve(view, list(chosen), means, stds, repeats, gain,
+                         bool(len(chosen) > 1 and gain < FLAT_GAIN))
+
+
+def _gain_per_doubling(sizes: Sequence[int], scores: Sequence[float]) -> float:
+    """(score at the largest size − score at the largest size ≤ half of it) / doublings
+    between them (the first size when none is that small)."""
+    if len(sizes) < 2:
+        return float("nan")
+    last = sizes[-1]
+    earlier = [i for i, n in enumerate(sizes[:-1]) if n <= last / 2] or [0]
+    i = earlier[-1]
+    return (scores[-1] - scores[i]) / float(np.log2(last / sizes[i]))
 
 
 # ---- scalar mix ----------------------------------------------------------------------

@@ -30,6 +30,7 @@ SENTENCE_BREAK = re.compile(r"(?<=[.!?…])[\"'”’)\]]*\s+|(?<=[。！？])")
 
 STATUS_OK = "ok"
 STATUS_EMPTY = "empty"
+FRAGMENTED_PIECES = 3  # a word cut into this many word pieces or more counts as fragmented
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,10 @@ class ChunkedPartition:
     chunk_start: np.ndarray  # (M,) character offsets, [start, end)
     chunk_end: np.ndarray  # (M,)
     chunk_ids: list[list[int]] = field(repr=False)  # (M,) token ids incl. special tokens
+    # vocabulary fit, per document, from the same tokenization (see `word_pieces`)
+    n_unk: np.ndarray  # (N,) unknown-token ids among the content tokens
+    n_words: np.ndarray  # (N,) words: the tokenizer's pre-tokens
+    n_fragmented: np.ndarray  # (N,) words cut into FRAGMENTED_PIECES or more pieces
 
     @cached_property
     def chunk_n_tokens(self) -> np.ndarray:
@@ -133,13 +138,40 @@ def chunk_partition(texts: Sequence[str | None], tokenizer: Any, spec: ChunkingS
             starts.append(s.start)
             ends.append(s.end)
             ids_out.append([*specials.prefix, *ids[s.tok_start : s.tok_end], *specials.suffix])
+    n_unk, n_words, n_fragmented = vocabulary_counts(encodings, present, n, tokenizer)
     return ChunkedPartition(
         n_tokens=n_tokens, n_covered=n_covered, n_chunks=n_chunks, truncated=truncated,
         status=status,
         chunk_doc=np.asarray(docs, np.int64), chunk_seq=np.asarray(seqs, np.int64),
         chunk_start=np.asarray(starts, np.int64), chunk_end=np.asarray(ends, np.int64),
-        chunk_ids=ids_out,
+        chunk_ids=ids_out, n_unk=n_unk, n_words=n_words, n_fragmented=n_fragmented,
     )
+
+
+def vocabulary_counts(encodings: Any, present: Sequence[int], n: int, tokenizer: Any
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(N,) [UNK] tokens, words and fragmented words per text, read off the encoding that
+    chunking already made (`present[k]` is the text behind encoding k)."""
+    n_unk, n_words, n_fragmented = (np.zeros(n, np.int64) for _ in range(3))
+    unk_id = getattr(tokenizer, "unk_token_id", None)
+    for k, i in enumerate(present):
+        ids = encodings["input_ids"][k]
+        pieces = word_pieces(encodings.word_ids(k))
+        n_unk[i] = ids.count(unk_id) if unk_id is not None else 0
+        n_words[i] = len(pieces)
+        n_fragmented[i] = int((pieces >= FRAGMENTED_PIECES).sum())
+    return n_unk, n_words, n_fragmented
+
+
+def word_pieces(word_ids: Sequence[int | None]) -> np.ndarray:
+    """Pieces per word of one text, from the fast tokenizer's `word_ids()` of the same
+    encoding (no second pass). A word is a pre-token of the model's own tokenizer: for
+    BERT's WordPiece a run of non-space characters split at every punctuation character,
+    each CJK ideograph a word of its own; for SentencePiece models a whitespace-separated
+    run; for byte-level BPE a run of letters, digits or symbols with its leading space."""
+    w = np.fromiter((-1 if x is None else x for x in word_ids), np.int64, len(word_ids))
+    counts = np.bincount(w[w >= 0])
+    return counts[counts > 0]
 
 
 def _spans_for(text: str, offsets: Sequence[tuple[int, int]], spec: ChunkingSpec,

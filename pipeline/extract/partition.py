@@ -22,7 +22,8 @@ from .views import ForwardNeeds, ResolvedView, forward_needs, resolve_views
 
 @dataclass
 class PartTables:
-    docs: pa.Table  # row, id, n_tokens, n_chunks, truncated, status, carry..., views...
+    docs: pa.Table  # row, id, n_tokens, n_chunks, truncated, status, carry..., n_unk,
+    #               n_words, n_fragmented, views...
     chunks: pa.Table | None  # doc, seq, start, end, n_tokens, views... (None: not stored)
     stats: dict[str, int]  # n_chunks, n_tokens (in documents), n_covered, n_encoded
 
@@ -70,6 +71,9 @@ class Extractor:
             "truncated": pa.array(chunked.truncated),
             "status": pa.array(chunked.status, pa.string()),
             **rows.carry,
+            "n_unk": pa.array(chunked.n_unk),
+            "n_words": pa.array(chunked.n_words),
+            "n_fragmented": pa.array(chunked.n_fragmented),
             **{name: vector_array(v, dtype) for name, v in encoded.docs.items()},
         }
         chunks = None
