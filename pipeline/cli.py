@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import os
 import signal
@@ -13,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from .errors import BertpipeError, StoreError
+from .errors import BertpipeError, OptionError, StoreError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -103,10 +104,50 @@ def validate(job_file: str, overrides: tuple[str, ...], schema_only: bool) -> No
               help="local | synchronous | tcp://host:port (overrides execution.scheduler).")
 @click.option("--dry-run", is_flag=True, help="Check the job and print the plan (model, "
               "views, files, rows, partitions, output); create and write nothing.")
+@click.option("--json-summary", "summary_file", default=None, type=click.Path(dir_okay=False),
+              help="Also write the run's summary as JSON to this file, on success and on "
+              "failure (schemas/run-summary.schema.json).")
 @_user_errors
 def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
-            scheduler: str | None, dry_run: bool) -> None:
-    """Run a job: read text, encode, pool, write the store."""
+            scheduler: str | None, dry_run: bool, summary_file: str | None) -> None:
+    """Run a job: read text, encode, pool, write the store.
+
+    \b
+    Examples:
+      bertpipe extract jobs/reviews.yaml
+      bertpipe extract jobs/reviews.yaml --set output.path=out/x.zarr --set model.dtype=float32
+      bertpipe extract jobs/reviews.yaml --dry-run
+      bertpipe extract jobs/cluster.yaml --scheduler tcp://scheduler:8786 --json-summary run.json
+    """
+    if summary_file is None:
+        _extract(job_file, overrides, overwrite, scheduler, dry_run, None)
+        return
+    from .run.runner import RunSummary
+
+    summary = RunSummary("")
+    _write_summary(summary_file, summary, None)  # fails now, not after the run, if unwritable
+    try:
+        _extract(job_file, overrides, overwrite, scheduler, dry_run, summary)
+    except BertpipeError as exc:
+        _write_summary(summary_file, summary, exc)
+        raise
+    _write_summary(summary_file, summary, None)
+
+
+def _write_summary(file: str, summary: Any, error: BertpipeError | None) -> None:
+    """The run's JSON summary with its exit code and what that code means."""
+    doc = {**summary.to_dict(), "exit_code": error.exit_code if error else 0,
+           "meaning": (type(error).__doc__ or "").strip().splitlines()[0] if error else "ok",
+           "error": str(error) if error else None}
+    try:
+        with open(file, "w") as out:
+            json.dump(doc, out, indent=1)
+    except OSError as exc:
+        raise OptionError(f"--json-summary: cannot write {file} ({exc.strerror})") from None
+
+
+def _extract(job_file: str, overrides: tuple[str, ...], overwrite: bool, scheduler: str | None,
+             dry_run: bool, summary: Any) -> None:
     from .spec import load_job
 
     if scheduler:
@@ -122,9 +163,11 @@ def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
     from .run.runner import executor_for, run_job
 
     with Progress() as progress, _terminate_as_exit():
+        if summary is not None:
+            summary.path = job.output.path
         summary = run_job(job, executor=executor_for(job, say=progress.message),
                           on_done=progress.partition_done, overwrite=overwrite,
-                          on_plan=progress.start, job_file=job_file)
+                          on_plan=progress.start, job_file=job_file, summary=summary)
     click.echo(summary.line())
     if not summary.already_complete:
         click.echo(f"wrote {job.output.path}")
@@ -176,17 +219,34 @@ def unlock(store_path: str) -> None:
               help="Random pairs for the mean cosine (fixed seed).")
 @click.option("--against", "other_path", default=None, type=click.Path(),
               help="Another store whose vocabulary fit is shown side by side.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text "
+              "(schemas/inspect.schema.json).")
 @_user_errors
-def inspect(store_path: str, geometry: bool, sample: int, other_path: str | None) -> None:
-    """Summarise a store: rows, views, coverage, chunks, vocabulary fit, provenance."""
-    from .analysis.inspect import describe, describe_geometry
+def inspect(store_path: str, geometry: bool, sample: int, other_path: str | None,
+            as_json: bool) -> None:
+    """Summarise a store: rows, views, coverage, chunks, vocabulary fit, provenance.
+
+    \b
+    Examples:
+      bertpipe inspect out/reviews.zarr
+      bertpipe inspect out/reviews.zarr --geometry
+      bertpipe inspect out/reviews.zarr --against out/general.zarr
+      bertpipe inspect out/reviews.zarr --json | jq .coverage
+    """
+    from .analysis.inspect import describe, describe_geometry, geometry_rows, store_facts
     from .analysis.vocabulary import describe_vocabulary, vocabulary_fit
     from .api import open_store
 
     store = open_store(store_path)
     other = open_store(other_path) if other_path else None
-    click.echo(describe(store))
     fits = [vocabulary_fit(s) for s in (store, other) if s is not None]
+    if as_json:
+        facts = {**store_facts(store), "vocabulary": fits}
+        if geometry:
+            facts["geometry"] = geometry_rows(store, pairs=sample)[1]
+        click.echo(json.dumps(facts, indent=1, default=str))
+        return
+    click.echo(describe(store))
     click.echo(describe_vocabulary(fits))
     if geometry:
         click.echo(describe_geometry(store, pairs=sample))

@@ -38,26 +38,45 @@ OnPlan = Callable[[Sequence[Partition], Sequence[Partition]], None]
 
 @dataclass
 class RunSummary:
+    """What a run did. `rows`, `chunks`, `tokens` describe the finished store; `tokens_run`
+    and the rate count only the partitions encoded by this run (not those a resume skipped).
+    Filled as the run goes, so a failed run still reports how far it got."""
+
     path: str
     rows: int = 0
     chunks: int = 0
     tokens: int = 0
+    tokens_run: int = 0
     wall_s: float = 0.0
+    partitions: int = 0
     skipped: int = 0
     run: int = 0
     failed: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
     already_complete: bool = False
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.wall_s if self.wall_s else 0.0
+        return self.tokens_run / self.wall_s if self.wall_s else 0.0
 
     def line(self) -> str:
         if self.already_complete:
             return f"{self.path}: already complete for this job; nothing to do"
-        return (f"{self.rows} rows, {self.chunks} chunks, {self.tokens} tokens in "
+        return (f"{self.rows} rows, {self.chunks} chunks, {self.tokens_run} tokens encoded in "
                 f"{self.wall_s:.1f}s ({self.tokens_per_s:,.0f} tokens/s); partitions "
                 f"skipped {self.skipped}, run {self.run}, failed {len(self.failed)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (`extract --json-summary`, schemas/run-summary.schema.json)."""
+        return {"store": self.path, "rows": self.rows, "chunks": self.chunks,
+                "tokens": self.tokens, "tokens_encoded_this_run": self.tokens_run,
+                "wall_seconds": round(self.wall_s, 3),
+                "tokens_per_second": round(self.tokens_per_s, 1),
+                "partitions": {"total": self.partitions, "skipped": self.skipped,
+                               "run": self.run, "failed": len(self.failed)},
+                "failed_partitions": self.failed, "device": self.devices,
+                "dtype": self.dtypes, "already_complete": self.already_complete}
 
 
 def run_fingerprint(job: Job, model: dict[str, Any]) -> str:
@@ -69,9 +88,11 @@ def run_fingerprint(job: Job, model: dict[str, Any]) -> str:
 
 def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None = None,
             overwrite: bool = False, on_plan: OnPlan | None = None,
-            job_file: str | Path | None = None) -> RunSummary:
+            job_file: str | Path | None = None, summary: RunSummary | None = None
+            ) -> RunSummary:
     """Plan, check everything that can be checked, then (and only then) lock the store and
-    run what is not done. `job_file` guards the job's folder against `output.path`."""
+    run what is not done. `job_file` guards the job's folder against `output.path`;
+    `summary`, when given, is filled in place (the caller keeps it if the run fails)."""
     started = time.perf_counter()
     # everything checkable is checked before the store is touched (nothing is created on
     # a job that cannot work)
@@ -85,7 +106,8 @@ def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None =
     output = OutputSession(job.output.path, fingerprint)
     output.refuse_if_locked()
     assess(job, plan, overwrite)  # refuse early, before the folder or lock is made
-    summary = RunSummary(job.output.path)
+    summary = summary or RunSummary(job.output.path)
+    summary.partitions = len(parts)
     if executor is None:
         executor = executor_for(job)
     with executor, output:
@@ -98,7 +120,9 @@ def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None =
         summary.skipped = len(parts) - len(pending)
         if on_plan:
             on_plan(parts, pending)
-        failures = executor.run(job, pending, staging, fingerprint, _collect(done, on_done))
+        failures = executor.run(job, pending, staging, fingerprint,
+                                _collect(done, on_done, summary))
+        summary.wall_s = time.perf_counter() - started
         summary.run = len(pending) - len(failures)
         summary.failed = [f"partition {p.index} (rows {p.row_start}-{p.row_stop - 1}; "
                           f"{Path(p.file).name} rows {p.file_offset}-"
@@ -125,9 +149,13 @@ def _reusable(marker: dict[str, Any], parts: Sequence[Partition]) -> bool:
             and marker.get("input") == part.footer_sha256)
 
 
-def _collect(done: dict[int, dict[str, Any]], on_done: OnDone | None) -> OnDone:
+def _collect(done: dict[int, dict[str, Any]], on_done: OnDone | None,
+             summary: RunSummary) -> OnDone:
     def record(part: Partition, marker: dict[str, Any]) -> None:
         done[part.index] = marker
+        summary.tokens_run += int(marker["n_tokens"])
+        summary.devices = sorted({*summary.devices, str(marker.get("device", "?"))})
+        summary.dtypes = sorted({*summary.dtypes, str(marker.get("dtype", "?"))})
         if on_done:
             on_done(part, marker)
     return record
