@@ -362,7 +362,9 @@ def test_overwrite_after_input_changed_rebuilds_from_the_new_input(
     store = pipeline.open_store(tmp_path / "o.zarr")
     assert store.docs.sizes["doc"] == 11
     assert [f.rows for f in store.provenance.input_identity] == [11]
+    before = snapshot(tmp_path)
     assert run("extract", job).stdout.startswith(f"{tmp_path / 'o.zarr'}: already complete")
+    assert snapshot(tmp_path) == before  # a complete store is only read: not even locked
 
 
 @pytest.mark.parametrize("fmt", ["zarr", "parquet"])

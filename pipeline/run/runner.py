@@ -105,9 +105,12 @@ def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None =
     overwrite = overwrite or job.output.overwrite
     output = OutputSession(job.output.path, fingerprint)
     output.refuse_if_locked()
-    assess(job, plan, overwrite)  # refuse early, before the folder or lock is made
     summary = summary or RunSummary(job.output.path)
     summary.partitions = len(parts)
+    # refuse early, before the folder or lock is made; a complete store is only read
+    if assess(job, plan, overwrite)[0] == "complete":
+        summary.already_complete = True
+        return summary
     if executor is None:
         executor = executor_for(job)
     with executor, output:
