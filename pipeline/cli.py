@@ -349,9 +349,11 @@ def probe(store_path: str, label: str, labels_file: str | None, label_column: st
 
         views = single_layer_views(store, views)
     sizes = _int_list(curve_sizes, "--curve-sizes") if curve_sizes else None
+    from .run.progress import Progress
+
     report = run_probe(store, labels, views, folds=folds, seed=seed, scalar_mix=scalar_mix,
                        learning_curve=learning_curve, curve_sizes=sizes,
-                       curve_repeats=curve_repeats)
+                       curve_repeats=curve_repeats, on_view=Progress().message)
     click.echo(table(report))
     paths = write_outputs(report, out_dir or f"{store_path.rstrip('/')}-probe")
     click.echo(f"wrote {paths['json']}, {paths['html']}")

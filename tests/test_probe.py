@@ -90,6 +90,22 @@ def test_cli_writes_table_json_html(store: pipeline.Store, tmp_path: Path) -> No
     page = (out / "probe.html").read_text()
     assert "data:image/png;base64," in page and html.escape(data["recommendation"]) in page
     assert (out / "probe.png").read_bytes()[:4] == b"\x89PNG"
+    # progress per view on stderr, the chosen regularisation per fold, the best row marked
+    progress = [line for line in result.stderr.splitlines() if "probe: view" in line]
+    assert len(progress) == len(data["results"]) and progress[-1].count("/") >= 1
+    grid = {0.001, 0.01, 0.1, 1.0}  # the inner CV's candidates
+    for r in data["results"]:
+        assert len(r["regularisation"]) == data["n_folds"] and set(r["regularisation"]) <= grid
+    best = max(data["results"], key=lambda r: r["metrics"]["accuracy"])["view"]
+    assert f'<tr class="best"><td>{best}</td>' in page and page.count('class="best"') == 1
+    assert data["dropped"] == {"no_vector": 0, "no_label": 0}
+
+
+def test_rows_without_a_label_are_counted_as_dropped(store: pipeline.Store) -> None:
+    labels = load_labels(store, "label").copy()
+    labels.iloc[:7] = None
+    report = run_probe(store, labels, ["l2_mean"], folds=2)
+    assert report.dropped == {"no_vector": 0, "no_label": 7} and report.n_rows == N - 7
 
 
 def test_labels_joined_from_file(store: pipeline.Store, tmp_path: Path) -> None:

@@ -14,8 +14,9 @@ pasted into a job as a `scalar_mix` view.
 from __future__ import annotations
 
 import logging
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -42,6 +43,8 @@ class ProbeResult:
     layer: int | None  # single-layer views: absolute hidden-state index
     pooling: str
     metrics: dict[str, float]  # e.g. accuracy, accuracy_std, macro_f1, macro_f1_std
+    # the L2 strength used in each outer fold: logistic C chosen by the inner CV, ridge alpha
+    regularisation: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -100,6 +103,8 @@ class ProbeReport:
     mix: MixResult | None = None
     classes: dict[str, int] = field(default_factory=dict)
     curves: list[LearningCurve] = field(default_factory=list)
+    # rows left out and why: no vector (empty or failed text), no label
+    dropped: dict[str, int] = field(default_factory=dict)
 
     @property
     def score_key(self) -> str:
@@ -166,10 +171,16 @@ def load_labels(store: Store, label: str, labels_file: str | None = None,
 def run_probe(store: Store, labels: pd.Series, views: Sequence[str] | None = None,
               folds: int = 5, seed: int = 0, scalar_mix: str | None = None,
               learning_curve: bool = False, curve_sizes: Sequence[int] | None = None,
-              curve_repeats: int = 3) -> ProbeReport:
+              curve_repeats: int = 3, on_view: Callable[[str], None] | None = None
+              ) -> ProbeReport:
+    """Cross-validated linear probes of each view; `on_view(message)` after each view."""
     if folds < 2:
         raise OptionError(f"--folds: {folds}; cross-validation needs at least 2 folds")
-    ok = (np.asarray(store.docs["status"].values) == "ok") & labels.notna().to_numpy()
+    has_vector = np.asarray(store.docs["status"].values) == "ok"
+    has_label = labels.notna().to_numpy()
+    ok = has_vector & has_label
+    dropped = {"no_vector": int((~has_vector).sum()),
+               "no_label": int((has_vector & ~has_label).sum())}
     y_raw = labels.to_numpy()[ok]
     task = "regression" if _is_numeric(y_raw) else "classification"
     y, classes = _encode_labels(y_raw, task, folds)
@@ -178,16 +189,22 @@ def run_probe(store: Store, labels: pd.Series, views: Sequence[str] | None = Non
     if learning_curve:  # refuse bad sizes before any fitting
         _check_curve_options(curve_sizes, curve_repeats, _min_curve_size(y, task))
     results, curves = [], []
-    for name in names:
+    started = time.perf_counter()
+    for i, name in enumerate(names, 1):
         x = store.vectors(name)[ok].astype(np.float64)
         layer, pooling = _view_layer_pooling(store, name)
-        results.append(ProbeResult(name, layer, pooling, _cross_validate(x, y, task, folds,
-                                                                         seed)))
+        metrics, strengths = _cross_validate(x, y, task, folds, seed)
+        results.append(ProbeResult(name, layer, pooling, metrics, strengths))
         if learning_curve:
             curves.append(fit_learning_curve(name, x, y, task, folds, seed, curve_sizes,
                                              curve_repeats))
+        if on_view:
+            key = "accuracy" if task == "classification" else "r2"
+            on_view(f"probe: view {i}/{len(names)} {name}: {key} {metrics[key]:.3f} "
+                    f"({time.perf_counter() - started:.0f}s)")
     report = ProbeReport(task, str(labels.name or "label"), int(ok.sum()), folds, seed,
-                         _baseline(y, task), results, classes=classes, curves=curves)
+                         _baseline(y, task), results, classes=classes, curves=curves,
+                         dropped=dropped)
     if scalar_mix:
         report.mix = learn_scalar_mix(store, ok, y, task, scalar_mix, folds, seed)
     return report
@@ -255,13 +272,16 @@ def _splits(y: np.ndarray, task: str, folds: int, seed: int) -> list[tuple[np.nd
 
 
 def _cross_validate(x: np.ndarray, y: np.ndarray, task: str, folds: int, seed: int
-                    ) -> dict[str, float]:
+                    ) -> tuple[dict[str, float], list[float]]:
+    """Mean ± std of each metric over the outer folds, and each fold's L2 strength."""
     from scipy.stats import spearmanr
     from sklearn.metrics import accuracy_score, f1_score, r2_score
 
     scores: dict[str, list[float]] = {}
+    strengths = []
     for train, test in _splits(y, task, folds, seed):
-        pred = _fit_predict(x[train], y[train], x[test], task, seed)
+        pred, strength = _fit_predict(x[train], y[train], x[test], task, seed)
+        strengths.append(strength)
         if task == "classification":
             fold = {"accuracy": accuracy_score(y[test], pred),
                     "macro_f1": f1_score(y[test], pred, average="macro")}
@@ -270,12 +290,13 @@ def _cross_validate(x: np.ndarray, y: np.ndarray, task: str, folds: int, seed: i
                     "spearman": float(spearmanr(y[test], pred).statistic)}
         for k, v in fold.items():
             scores.setdefault(k, []).append(float(v))
-    return _summarise(scores)
+    return _summarise(scores), strengths
 
 
 def _fit_predict(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, task: str,
-                 seed: int) -> np.ndarray:
-    """The probe: standardised features, then logistic (inner-CV L2) or ridge regression."""
+                 seed: int) -> tuple[np.ndarray, float]:
+    """The probe: standardised features, then logistic (inner-CV L2) or ridge regression.
+    Returns the predictions and the L2 strength used (the C chosen, or ridge's alpha)."""
     from sklearn.linear_model import Ridge
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -287,7 +308,8 @@ def _fit_predict(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, t
         model = make_pipeline(StandardScaler(), Ridge(alpha=1.0))
     model.fit(x_train, y_train)
     pred: np.ndarray = model.predict(x_test)
-    return pred
+    head = model[-1]
+    return pred, float(head.C_[0] if hasattr(head, "C_") else head.alpha)
 
 
 def _score(y_true: np.ndarray, pred: np.ndarray, task: str) -> float:
@@ -408,7 +430,7 @@ def fit_learning_curve(view: str, x: np.ndarray, y: np.ndarray, task: str, folds
                 # row), so that point is the probe's own cross-validated score
                 sub = train if n == n_max else train[
                     stratified_subsample(y[train], n, rng, task)]
-                pred = _fit_predict(x[sub], y[sub], x[test], task, seed)
+                pred, _ = _fit_predict(x[sub], y[sub], x[test], task, seed)
                 scores.append(_score(y[test], pred, task))
         means.append(float(np.mean(scores)))
         stds.append(float(np.std(scores)))

@@ -32,6 +32,9 @@ def table(report: ProbeReport) -> str:
                      "weights " + ", ".join(f"L{i} {w:.2f}" for i, w in enumerate(mix.softmax)))
         lines.append("  paste into a job's views:  " + mix.view_block())
     lines.extend(curve_lines(report))
+    if any(report.dropped.values()):
+        lines.append("rows left out: " + ", ".join(
+            f"{n} {why.replace('_', ' ')}" for why, n in report.dropped.items() if n))
     lines.append(report.recommendation())
     return "\n".join(lines)
 
@@ -150,11 +153,16 @@ def plot(report: ProbeReport) -> bytes:
 
 def render_html(report: ProbeReport, png: bytes, curve_png: bytes | None = None) -> str:
     img = base64.b64encode(png).decode()
+    best = report.best().view
+    mark = {True: ' class="best"', False: ""}
     rows = "".join(
-        f"<tr><td>{html.escape(r.view)}</td><td>{'' if r.layer is None else r.layer}</td>"
-        f"<td>{r.pooling}</td>"
-        + "".join(f"<td>{_pm(r.metrics, k)}</td>" for k in _metric_keys(report)) + "</tr>"
+        f"<tr{mark[r.view == best]}><td>{html.escape(r.view)}</td>"
+        f"<td>{'' if r.layer is None else r.layer}</td><td>{r.pooling}</td>"
+        + "".join(f"<td>{_pm(r.metrics, k)}</td>" for k in _metric_keys(report))
+        + f"<td>{_strengths(r.regularisation)}</td></tr>"
         for r in sorted(report.results, key=lambda r: -r.metrics[report.score_key]))
+    dropped = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in report.dropped.items()
+                        if n) or "none"
     mix = ""
     if report.mix is not None:
         mix = (f"<h2>Scalar mix</h2><p>Learned over {len(report.mix.weights)} layers with "
@@ -164,18 +172,24 @@ def render_html(report: ProbeReport, png: bytes, curve_png: bytes | None = None)
 <html><head><meta charset="utf-8"><title>bertpipe probe: {html.escape(report.label)}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}
 table{{border-collapse:collapse}}td,th{{padding:4px 10px;border-bottom:1px solid #ddd}}
-.rec{{background:#eef6ee;padding:.8em;border-left:4px solid #393}}</style></head><body>
+.rec{{background:#eef6ee;padding:.8em;border-left:4px solid #393}}
+tr.best td{{background:#eef6ee;font-weight:bold}}</style></head><body>
 <h1>Linear probe: {html.escape(report.label)}</h1>
 <p class="rec">{html.escape(report.recommendation())}</p>
 <p>{report.task}, {report.n_rows} rows, {report.n_folds}-fold cross-validation, seed
 {report.seed}; standardised features, {'logistic regression' if report.task ==
 'classification' else 'ridge regression'}. Baseline:
-{report.baseline[report.score_key]:.3f} {report.score_key}.</p>
+{report.baseline[report.score_key]:.3f} {report.score_key}. Rows left out: {dropped}.</p>
 <img alt="probe scores by layer" src="data:image/png;base64,{img}">
 <table><tr><th>view</th><th>layer</th><th>pooling</th>
-{''.join(f'<th>{k}</th>' for k in _metric_keys(report))}</tr>{rows}</table>
+{''.join(f'<th>{k}</th>' for k in _metric_keys(report))}<th>L2 per fold</th></tr>{rows}</table>
 {mix}{_curve_html(report, curve_png)}</body></html>
 """
+
+
+def _strengths(values: list[float]) -> str:
+    """The L2 strength of each outer fold (logistic C, or ridge alpha), compactly."""
+    return " ".join(f"{v:g}" for v in values)
 
 
 def _curve_html(report: ProbeReport, png: bytes | None) -> str:
