@@ -31,6 +31,18 @@ BLOCK_PATHS = ("encoder.layer",  # BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DeBERTa
                "layers",  # ModernBERT
                "encoder.layers")
 
+# Families whose attention logits are (W_q h_0 + b_q)·(W_k h_t + b_k) / sqrt(d_head) plus
+# the padding mask, nothing else: for them the [CLS] attention row is recomputed exactly
+# from the last block's input (encode._ClsAttention); other families are refused.
+PLAIN_ATTENTION_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra",
+                                   "albert", "distilbert"})
+# Why the others cannot have it, where we know.
+NOT_PLAIN_ATTENTION = {
+    "deberta": "adds disentangled relative-position terms to its attention logits",
+    "deberta-v2": "adds disentangled relative-position terms to its attention logits",
+    "modernbert": "rotates queries and keys by position (rotary embeddings)",
+}
+
 
 @dataclass
 class LoadedModel:
@@ -38,6 +50,7 @@ class LoadedModel:
     module: torch.nn.Module
     model_type: str
     n_layers: int  # transformer blocks; hidden_states has n_layers + 1 entries
+    blocks_run: int  # blocks one forward pass computes (fewer than n_layers when cut)
     hidden_size: int
     max_positions: int  # usable positions per sequence, special tokens included
     device: torch.device
@@ -46,13 +59,15 @@ class LoadedModel:
 
 
 def load_model(
-    spec: ModelSpec, keep_layers: int | None = None, need_pooler: bool = False
+    spec: ModelSpec, keep_layers: int | None = None, need_pooler: bool = False,
+    need_cls_attention: bool = False,
 ) -> LoadedModel:
     """Load tokenizer and encoder from a local directory or the offline cache.
 
     `keep_layers`: run only the first k transformer blocks (views need nothing above).
     `need_pooler`: refuse a checkpoint whose pooler weights are absent, because
     transformers would silently initialise a random one.
+    `need_cls_attention`: refuse a family whose [CLS] attention cannot be recomputed exactly.
     """
     config = load_config(spec)
     tokenizer = load_tokenizer(spec)
@@ -62,7 +77,9 @@ def load_model(
     pooler = take_pooler(module, missing)
     if need_pooler:
         check_pooler(pooler, spec.path, model_type)
-    cut_blocks(module, n_layers, keep_layers)
+    if need_cls_attention:
+        check_cls_attention(model_type)
+    blocks_run = cut_blocks(module, n_layers, keep_layers)
     device = resolve_device(spec.device)
     compute_dtype = resolve_dtype(spec.dtype, device)
     # Half-precision weights rather than autocast: no per-batch weight casts (measured
@@ -74,6 +91,7 @@ def load_model(
         module=module,
         model_type=model_type,
         n_layers=n_layers,
+        blocks_run=blocks_run,
         hidden_size=int(config.hidden_size),
         max_positions=max_positions(config, module, tokenizer),
         device=device,
@@ -213,10 +231,42 @@ def encoder_layers(module: torch.nn.Module) -> torch.nn.ModuleList:
     raise ModelError(f"{type(module).__name__}: cannot find its transformer blocks")
 
 
-def cut_blocks(module: torch.nn.Module, n_layers: int, keep: int | None) -> None:
-    """Drop the blocks above `keep`: views need nothing above, so skip computing it."""
-    if keep is not None and keep < n_layers:
-        del encoder_layers(module)[keep:]
+def albert_groups(module: torch.nn.Module) -> torch.nn.ModuleList | None:
+    """ALBERT's shared blocks: one group of layers that runs L times (no per-layer list)."""
+    groups = getattr(getattr(module, "encoder", None), "albert_layer_groups", None)
+    return groups if isinstance(groups, torch.nn.ModuleList) else None
+
+
+def last_block(module: torch.nn.Module) -> torch.nn.Module:
+    """The module that computes the last transformer block."""
+    groups = albert_groups(module)
+    if groups is not None:  # the last group's last layer runs last
+        layers: Any = groups[-1]
+        return layers.albert_layers[-1]
+    return encoder_layers(module)[-1]
+
+
+def cut_blocks(module: torch.nn.Module, n_layers: int, keep: int | None) -> int:
+    """Drop the blocks above `keep` (views need nothing above); the blocks left to run.
+
+    ALBERT shares its blocks' weights, so there is nothing to drop: all L run.
+    ModernBERT layer-normalises the last block's output (`final_norm`), and its
+    hidden_states[k] for k < L is the block's raw output: a cut model must not normalise.
+    """
+    if keep is None or keep >= n_layers or albert_groups(module) is not None:
+        return n_layers
+    del encoder_layers(module)[keep:]
+    if isinstance(getattr(module, "final_norm", None), torch.nn.Module):
+        module.register_module("final_norm", torch.nn.Identity())
+    return keep
+
+
+def check_cls_attention(model_type: str) -> None:
+    if model_type not in PLAIN_ATTENTION_TYPES:
+        why = NOT_PLAIN_ATTENTION.get(model_type, "is not a family whose attention bertpipe "
+                                      "can recompute")
+        raise ModelError(f"pooling attention: {model_type} {why}, so its [CLS] attention "
+                         "row cannot be computed exactly; use mean, max or cls instead")
 
 
 # ---- device, dtype, positions -------------------------------------------------------
