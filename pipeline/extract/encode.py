@@ -19,7 +19,8 @@ import torch
 from ..errors import ModelError
 from ..spec import BatchingSpec
 from .batching import plan_batches
-from .model import LoadedModel, last_block
+from .families import last_block
+from .model import LoadedModel
 from .views import ForwardNeeds, PoolContext, ResolvedView
 
 
