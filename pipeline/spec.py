@@ -52,7 +52,7 @@ class ModelSpec:
     path: str
     dtype: str = "auto"
     device: str = "auto"
-    max_tokens: int = 512
+    max_tokens: int | None = None  # None: the model's own limit
     allow_pickle: bool = False
     trust_remote_code: bool = False
 
@@ -387,8 +387,8 @@ def _check_consistency(job: Job) -> None:
         raise JobError("output.path: object-store URLs are not supported; use a local or "
                        "shared-filesystem path that every worker can reach")
     c = job.chunking
-    budget = c.max_tokens or job.model.max_tokens
-    if c.overlap and c.overlap >= budget // 2:
+    budget = c.max_tokens or job.model.max_tokens  # None: the model's limit, checked at load
+    if c.overlap and budget and c.overlap >= budget // 2:
         raise JobError(f"chunking.overlap: {c.overlap} must be under half of the chunk budget "
                        f"({budget} tokens)")
     if c.overlap and c.strategy != "hierarchical":

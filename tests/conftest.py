@@ -34,12 +34,26 @@ def _vocab() -> list[str]:
             + [f"##{c}" for c in string.ascii_lowercase + string.digits])
 
 
+def wordpiece_tokenizer(root: Path, max_length: int) -> Any:
+    """A BERT WordPiece tokenizer over the tiny vocabulary, its vocab.txt written to `root`
+    ([PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4)."""
+    from transformers import BertTokenizerFast
+
+    root.mkdir(parents=True, exist_ok=True)
+    vocab_file = root / "vocab.txt"
+    vocab_file.write_text("\n".join(_vocab()) + "\n")
+    tokenizer = BertTokenizerFast(vocab=str(vocab_file), do_lower_case=True)
+    # transformers 5 takes `vocab=`; a wrong keyword silently yields a 5-token vocabulary
+    assert tokenizer.unk_token_id not in tokenizer("the drug worked")["input_ids"]
+    tokenizer.model_max_length = max_length
+    return tokenizer
+
+
 def _save_tiny(root: Path, kind: str) -> Path:
     import torch
     from transformers import (
         BertConfig,
         BertModel,
-        BertTokenizerFast,
         DistilBertConfig,
         DistilBertModel,
         RobertaConfig,
@@ -47,13 +61,7 @@ def _save_tiny(root: Path, kind: str) -> Path:
     )
 
     torch.manual_seed(0)
-    root.mkdir(parents=True, exist_ok=True)
-    vocab_file = root / "vocab.txt"
-    vocab_file.write_text("\n".join(_vocab()) + "\n")
-    tokenizer = BertTokenizerFast(vocab=str(vocab_file), do_lower_case=True)
-    # transformers 5 takes `vocab=`; a wrong keyword silently yields a 5-token vocabulary
-    assert tokenizer.unk_token_id not in tokenizer("the drug worked")["input_ids"]
-    tokenizer.model_max_length = 64
+    tokenizer = wordpiece_tokenizer(root, max_length=64)
     vocab_size = len(_vocab())
     if kind == "bert":
         config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2,

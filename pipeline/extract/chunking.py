@@ -89,10 +89,15 @@ class Span:
     end: int
 
 
-def content_budget(spec: ChunkingSpec, model_max_tokens: int, max_positions: int,
+def content_budget(spec: ChunkingSpec, model_max_tokens: int | None, max_positions: int,
                    specials: Specials) -> int:
-    """Content tokens per chunk: the chunk limit minus the special tokens."""
-    limit = min(spec.max_tokens or model_max_tokens, model_max_tokens, max_positions)
+    """Content tokens per chunk: the chunk limit minus the special tokens.
+
+    The chunk limit is `chunking.max_tokens`, else `model.max_tokens`, else the model's own
+    limit (`max_positions`: 512 for BERT, 8192 for ModernBERT); never more than the model's.
+    """
+    model_limit = min(model_max_tokens or max_positions, max_positions)
+    limit = min(spec.max_tokens or model_limit, model_limit)
     budget = limit - specials.count
     if spec.overlap and 2 * spec.overlap >= budget:
         raise JobError(f"chunking.overlap: {spec.overlap} must be under half of the "

@@ -19,7 +19,8 @@ import torch
 from ..errors import ModelError
 from ..spec import BatchingSpec
 from .batching import plan_batches
-from .model import LoadedModel, encoder_layers
+from .families import last_block
+from .model import LoadedModel
 from .views import ForwardNeeds, PoolContext, ResolvedView
 
 
@@ -29,6 +30,9 @@ class Encoder:
         self.views = list(views)
         self.needs = needs
         self.pad_id = int(model.tokenizer.pad_token_id or 0)
+        # a model that could not be cut runs more blocks than the views need: read the
+        # needed layer from hidden_states, not from its last output
+        self.hidden_states = needs.hidden_states or model.blocks_run != needs.blocks_to_run
         self._cls_attention: _ClsAttention | None = None
         if needs.cls_attention:
             self._cls_attention = _ClsAttention(model)
@@ -50,7 +54,7 @@ class Encoder:
             with self._capture_attention() as capture:
                 outputs = self.model.module(
                     input_ids=ids, attention_mask=mask,
-                    output_hidden_states=self.needs.hidden_states, return_dict=True,
+                    output_hidden_states=self.hidden_states, return_dict=True,
                 )
             states = self._states(outputs)  # {layer: (B, T, H) float32}
             bool_mask = mask.bool()
@@ -73,7 +77,7 @@ class Encoder:
     def _states(self, outputs: Any) -> dict[int, torch.Tensor]:
         # Pool in float32 whatever the compute dtype: sums over hundreds of tokens in
         # bf16 would lose more precision than the matmuls did.
-        if self.needs.hidden_states:
+        if self.hidden_states:
             hs = outputs.hidden_states
             return {i: hs[i].float() for i in self.needs.layers}
         return {self.needs.blocks_to_run: outputs.last_hidden_state.float()}
@@ -92,10 +96,11 @@ class _ClsAttention:
 
     softmax(q_0 · K^T / sqrt(d_head) + padding mask) for query position 0 only: O(T·H)
     extra work instead of switching the model to eager attention for (B, heads, T, T).
+    Exact for the families in `model.PLAIN_ATTENTION_TYPES` (the loader refuses others).
     """
 
     def __init__(self, model: LoadedModel):
-        layer = encoder_layers(model.module)[-1]
+        layer = last_block(model.module)
         self.attn, self.q, self.k = _find_query_key(layer)
         config: Any = model.module.config
         self.n_heads = int(config.num_attention_heads)

@@ -39,7 +39,8 @@ class Extractor:
                                                        int(config.hidden_size))
         self.needs: ForwardNeeds = forward_needs(self.views, n_layers)
         self.model: LoadedModel = load_model(job.model, keep_layers=self.needs.blocks_to_run,
-                                             need_pooler=self.needs.pooler)
+                                             need_pooler=self.needs.pooler,
+                                             need_cls_attention=self.needs.cls_attention)
         self.encoder = Encoder(self.model, self.views, self.needs)
         self.specials = Specials.from_tokenizer(self.model.tokenizer)
         self.budget = content_budget(job.chunking, job.model.max_tokens,
