@@ -30,7 +30,20 @@ def _user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-@click.group()
+# Every exit code, for `bertpipe --help` (docs/exit-codes.md has the same table).
+EXIT_CODES = """\b
+Exit codes:
+  0  success
+  1  any other error
+  2  job file invalid (JobError: the message names the key)
+  3  input table unusable (InputError: names the file, column or row)
+  4  model cannot be loaded or lacks what a view needs (ModelError)
+  5  store missing, incomplete, damaged, of another job or newer format (StoreError)
+  6  partitions failed; the others are kept for a rerun (PartitionError)
+  7  scheduler unreachable (SchedulerError)"""
+
+
+@click.group(epilog=EXIT_CODES)
 @click.version_option(package_name="bertpipe")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress details.")
 def main(verbose: bool) -> None:
@@ -101,6 +114,18 @@ def inspect(store_path: str, geometry: bool, sample: int) -> None:
     click.echo(describe(store))
     if geometry:
         click.echo(describe_geometry(store, pairs=sample))
+
+
+@main.command()
+@click.argument("store_path", type=click.Path())
+@_user_errors
+def verify(store_path: str) -> None:
+    """Prove a store: checksums of every file, the complete flag, rows and views.
+
+    Exits 0 with one OK line, or 5 naming each array or file that is wrong."""
+    from .stores.verify import verified
+
+    click.echo(verified(store_path).line())
 
 
 @main.command()

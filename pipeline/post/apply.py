@@ -17,6 +17,7 @@ from ..spec import PostSpec
 from ..stores.base import StoreFormat
 from ..stores.opened import StoreData, open_store_data
 from ..stores.provenance import PostInfo, Provenance
+from ..stores.verify import summarize, verify_store
 from .geometry import PostTransform, fit
 
 
@@ -44,6 +45,10 @@ def postprocess(store_path: str, view: str, spec: PostSpec, name: str | None = N
     target = name or f"{view}_{spec.method}"
     if target in store.views:
         raise StoreError(f"--name: {target!r} already exists in {store_path}")
+    problems = verify_store(store_path)  # why: the new seal must never cover damaged files
+    if problems:
+        raise StoreError(f"{store_path}: fails verification, left unchanged: "
+                         f"{summarize(problems)}")
     provenance = fit_view(store.fmt, store_path, store.docs, store.chunks is not None,
                           store.provenance, view, target, spec)
     store.fmt.update_provenance(store_path, provenance.to_dict())

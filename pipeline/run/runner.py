@@ -31,6 +31,7 @@ from ..stores.provenance import (
     fingerprint_of,
     is_complete,
 )
+from ..stores.verify import summarize, verify_store
 from ..version import __version__
 from .executors import Executor, InProcessExecutor, OnDone
 
@@ -139,6 +140,10 @@ def prepare_store(job: Job, fingerprint: str, overwrite: bool) -> Staging | None
             raise StoreError(f"output.path: {path} holds output of a different job or model; "
                              "pass --overwrite to replace it or choose another output.path")
         if is_complete(provenance):
+            problems = verify_store(str(path))
+            if problems:
+                raise StoreError(f"output.path: {path} is complete but fails verification: "
+                                 f"{summarize(problems)}; pass --overwrite to rewrite it")
             return None
     format_named(job.output.format).create(
         str(path), {"complete": False, "run_fingerprint": fingerprint})
