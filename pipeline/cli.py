@@ -120,9 +120,11 @@ def inspect(store_path: str, geometry: bool, sample: int) -> None:
 @click.argument("store_path", type=click.Path())
 @_user_errors
 def verify(store_path: str) -> None:
-    """Prove a store: checksums of every file, the complete flag, rows and views.
+    """Check a store: checksums, rows, views.
 
-    Exits 0 with one OK line, or 5 naming each array or file that is wrong."""
+    Recomputes the checksum of every file the store recorded when it was completed, and
+    checks the complete flag, the rows of every array or file, and that every view is
+    stored. Prints one OK line, or exits 5 naming each array or file that is wrong."""
     from .stores.verify import verified
 
     click.echo(verified(store_path).line())
