@@ -9,7 +9,7 @@ MODEL  := models/all-MiniLM-L6-v2
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_VERBOSITY := error
 
-.PHONY: install model demo test test-fast lint bench bench-chunking bench-scaling bench-gpu clean
+.PHONY: install model demo test test-fast lint schemas check-wheel bench bench-chunking bench-scaling bench-gpu clean
 
 install: $(VENV)/.installed
 
@@ -43,6 +43,14 @@ lint: install
 	$(BIN)/ruff check pipeline tests benchmarks
 	$(BIN)/mypy pipeline
 	$(BIN)/lint-imports
+
+# schemas/ is the source; the package ships a copy (tests/test_packaging.py checks they match).
+schemas:
+	cp schemas/*.json pipeline/schemas/
+
+# The built wheel in a fresh venv (not editable), run from outside the repository.
+check-wheel: install model
+	PYTHON=$(PYTHON) TORCH="$(TORCH)" bash tests/packaging/check_wheel.sh
 
 # Throughput, agreement and memory against sentence-transformers (about 15 minutes).
 bench: install model

@@ -59,7 +59,20 @@ class OneLineGroup(click.Group):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-@click.group(cls=OneLineGroup)
+# Every exit code, for `bertpipe --help` (docs/exit-codes.md has the same table).
+EXIT_CODES = """\b
+Exit codes:
+  0  success
+  1  any other error
+  2  job file or option invalid (JobError, OptionError: names the key or option)
+  3  input table unusable (InputError: names the file, column or row)
+  4  model cannot be loaded or lacks what a view needs (ModelError)
+  5  store missing, incomplete, damaged, of another job or newer format (StoreError)
+  6  partitions failed; the others are kept for a rerun (PartitionError)
+  7  scheduler unreachable (SchedulerError)"""
+
+
+@click.group(cls=OneLineGroup, epilog=EXIT_CODES)
 @click.version_option(package_name="bertpipe")
 @click.option("-v", "--verbose", is_flag=True, help="Log progress details.")
 def main(verbose: bool) -> None:
@@ -250,6 +263,20 @@ def inspect(store_path: str, geometry: bool, sample: int, other_path: str | None
     click.echo(describe_vocabulary(fits))
     if geometry:
         click.echo(describe_geometry(store, pairs=sample))
+
+
+@main.command()
+@click.argument("store_path", type=click.Path())
+@_user_errors
+def verify(store_path: str) -> None:
+    """Check a store: checksums, rows, views.
+
+    Recomputes the checksum of every file the store recorded when it was completed, and
+    checks the complete flag, the rows of every array or file, and that every view is
+    stored. Prints one OK line, or exits 5 naming each array or file that is wrong."""
+    from .stores.verify import verified
+
+    click.echo(verified(store_path).line())
 
 
 @main.command()

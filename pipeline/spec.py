@@ -12,6 +12,7 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,9 @@ import yaml
 
 from .errors import JobError
 
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+# The schemas ship inside the package (an installed wheel has no source tree); the
+# top-level schemas/ is their source, and a test keeps the two copies identical.
+SCHEMA_DIR = resources.files("pipeline") / "schemas"
 JOB_SCHEMA_PATH = SCHEMA_DIR / "job.schema.json"
 
 LayerSelection = tuple[int, ...] | str  # explicit indices, or "all"

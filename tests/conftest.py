@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import string
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 REPO = Path(__file__).resolve().parent.parent
 REVIEWS = REPO / "data" / "reviews.parquet"
+SCHEMAS = REPO / "schemas"
 
 WORDS = ("the a is was good bad drug pain sleep worked side effects doctor day week "
          "great terrible no yes not very my it and of to in for with").split()
@@ -80,6 +83,50 @@ def _save_tiny(root: Path, kind: str) -> Path:
     model.save_pretrained(root, safe_serialization=True)
     tokenizer.save_pretrained(root)
     return root
+
+
+@cache
+def _store_validator() -> Any:
+    import jsonschema
+    from referencing import Registry, Resource
+
+    schemas = [json.loads((SCHEMAS / name).read_text())
+               for name in ("store.schema.json", "job.schema.json")]
+    registry = Registry().with_resources(
+        [(schema["$id"], Resource.from_contents(schema)) for schema in schemas])
+    return jsonschema.Draft202012Validator(schemas[0], registry=registry)
+
+
+def store_schema_errors(provenance: dict[str, Any]) -> list[str]:
+    """Where a store's provenance departs from schemas/store.schema.json (the job through
+    its $ref to job.schema.json), one line each."""
+    errors = _store_validator().iter_errors({"provenance": provenance})
+    return [f"{'.'.join(str(p) for p in e.absolute_path)}: {e.message}" for e in errors]
+
+
+@pytest.fixture(autouse=True)
+def store_schema_check(request: pytest.FixtureRequest,
+                       monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every complete provenance a test writes (a run's commit, postprocess, a synthetic
+    store) is read back and checked against schemas/store.schema.json. A test that writes
+    a provenance the schema must refuse opts out with @pytest.mark.no_store_schema."""
+    if request.node.get_closest_marker("no_store_schema"):
+        yield
+        return
+    from pipeline.stores import FORMATS
+
+    for fmt in FORMATS.values():
+        original = type(fmt).update_provenance
+
+        def checked(self: Any, path: str, provenance: dict[str, Any],
+                    _original: Any = original) -> None:
+            _original(self, path, provenance)
+            if provenance.get("complete"):
+                errors = store_schema_errors(self.read_provenance(path))
+                assert not errors, f"{path}: provenance breaks store.schema.json: {errors}"
+
+        monkeypatch.setattr(type(fmt), "update_provenance", checked)
+    yield
 
 
 @pytest.fixture(scope="session")
@@ -180,7 +227,8 @@ def synthetic_provenance(store: Path, views: dict[str, Any], carry: tuple[str, .
     return {"complete": True, "format_version": 1, "run_fingerprint": "synthetic", "job": job,
             "model": {"path": "synthetic/none", "weights_sha256": {},
                       "config": {"num_hidden_layers": n_layers}},
-            "versions": {}, "device": ["cpu"], "dtype": ["float32"],
+            "versions": {"bertpipe": "test", "torch": "test", "transformers": "test"},
+            "device": ["cpu"], "dtype": ["float32"],
             "created": "2026-01-01T00:00:00+00:00", "stats": {}}
 
 

@@ -17,6 +17,7 @@ from ..spec import PostSpec, check_new_name, job_names
 from ..stores.base import StoreFormat
 from ..stores.opened import StoreData, open_store_data
 from ..stores.provenance import PostInfo, Provenance
+from ..stores.verify import summarize, verify_store
 from .geometry import PostTransform, fit
 
 
@@ -44,6 +45,10 @@ def postprocess(store_path: str, view: str, spec: PostSpec, name: str | None = N
     target = name if name is not None else f"{view}_{spec.method}"
     if target in store.views:
         raise StoreError(f"--name: {target!r} already exists in {store_path}")
+    problems = verify_store(store_path)  # why: the new seal must never cover damaged files
+    if problems:
+        raise StoreError(f"{store_path}: fails verification, left unchanged: "
+                         f"{summarize(problems)}")
     taken = {**job_names(store.provenance.job), **{v: "view" for v in store.views}}
     try:
         check_new_name(target, "--name", taken)

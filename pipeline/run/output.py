@@ -25,6 +25,7 @@ from ..stores import Staging, format_named
 from ..stores.lock import StoreLock
 from ..stores.ownership import Contents, inspect_output, remove_store
 from ..stores.provenance import InputFile, fingerprint_of, input_change, input_identity_of
+from ..stores.verify import summarize, verify_store
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,10 @@ def assess(job: Job, plan: Plan, overwrite: bool) -> tuple[str, Contents]:
                          "pass --overwrite to replace it or choose another output.path")
     if provenance.get("complete"):
         _check_input(path, provenance, plan, "is complete, but")
+        problems = verify_store(str(path))
+        if problems:
+            raise StoreError(f"output.path: {path} is complete but fails verification: "
+                             f"{summarize(problems)}; pass --overwrite to rewrite it")
         return "complete", contents
     _check_input(path, run, plan, "holds an interrupted run, but")
     if run.get("partition_rows") != plan.partition_rows:

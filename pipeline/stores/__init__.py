@@ -3,6 +3,8 @@ into, the typed provenance, and opening a finished store (`open_store`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..errors import StoreError
 from .base import Layout, StoreFormat
 from .parquet_store import ParquetFormat
@@ -23,6 +25,9 @@ def detect_format(path: str) -> StoreFormat:
     for fmt in FORMATS.values():
         if fmt.is_store(path):
             return fmt
+    if (Path(path) / "chunks.parquet").exists():
+        raise StoreError(f"{path}: docs.parquet is missing (chunks.parquet is there): a "
+                         "damaged Parquet store")
     raise StoreError(f"{path}: not a bertpipe store (no zarr.json or docs.parquet)")
 
 

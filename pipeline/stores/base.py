@@ -13,6 +13,7 @@ import pyarrow as pa
 if TYPE_CHECKING:  # typing only: staging imports nothing from here at run time
     import xarray as xr
 
+    from .provenance import FileSum
     from .staging import Staging
 
 
@@ -50,7 +51,22 @@ class StoreFormat(Protocol):
 
     def read_params(self, path: str, name: str) -> dict[str, np.ndarray]: ...
 
-    def update_provenance(self, path: str, provenance: dict[str, Any]) -> None: ...
+    def update_provenance(self, path: str, provenance: dict[str, Any]) -> None:
+        """Write `provenance`; a complete one is sealed first: the checksum of every file
+        in `data_files` is recorded in it (what `bertpipe verify` checks)."""
+
+    # integrity: what the checksums cover and how each file is measured
+
+    def data_files(self, path: str) -> list[str]:
+        """The store's data files (store-relative POSIX paths) that checksums cover."""
+
+    def checked_size(self, path: str, rel: str) -> int | None:
+        """Bytes of `rel` that its checksum covers, from file sizes alone; None if absent."""
+
+    def file_sum(self, path: str, rel: str) -> FileSum | None: ...
+
+    def row_counts(self, path: str) -> dict[str, tuple[str, int]]:
+        """Rows of every stored array (Zarr) or file (Parquet): name -> (level, rows)."""
 
 
 def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:

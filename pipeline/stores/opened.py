@@ -12,6 +12,7 @@ from ..errors import StoreError
 from . import detect_format
 from .base import StoreFormat
 from .provenance import Provenance
+from .verify import check_sizes
 
 
 @dataclass
@@ -71,5 +72,6 @@ def open_store_data(path: str | Path, require_complete: bool = True) -> StoreDat
         raise StoreError(f"{path}: store is incomplete and has no provenance yet; rerun its "
                          "job to resume")
     provenance = Provenance.from_dict(raw, path)
+    check_sizes(fmt, path, raw)
     docs, chunks = fmt.open_datasets(path)
     return StoreData(path, fmt, provenance, docs, chunks)

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..errors import StoreError
 from .lock import LOCK_NAME
 from .staging import STAGING_DIR
 
@@ -98,8 +99,13 @@ def _parquet_is_ours(file: Path) -> bool:
         return False
     try:
         metadata = pq.read_schema(file).metadata or {}
-    except (OSError, pa.ArrowInvalid):
-        return False
+    except (OSError, pa.ArrowInvalid) as exc:
+        # why refuse: a damaged footer cannot show whose file this is, so nothing may
+        # replace it, and calling it "not a store" would hide the damage
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise StoreError(f"{file}: damaged Parquet file ({first}); it cannot be shown to be a "
+                         "bertpipe store, so it is left alone: move it away or delete it, "
+                         "then rerun") from None
     return b"bertpipe" in metadata
 
 

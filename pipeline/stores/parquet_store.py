@@ -4,12 +4,18 @@ Views are `fixed_size_list<float, D>` columns (zstd, byte-stream-split, no dicti
 the provenance JSON sits in `docs.parquet`'s file metadata under `bertpipe`. The
 commit writes `chunks.parquet` first and `docs.parquet` last, each to a temporary name
 renamed into place, so a store with a `docs.parquet` is a complete store.
+
+Integrity: every data page carries a CRC that reads verify, so altered bytes are an
+error naming the file and column; a complete store's provenance records the checksum of
+each file's column data (the bytes before the footer). Changing the provenance rewrites
+only the footer of `docs.parquet`, never its column data.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -22,12 +28,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xarray as xr
 
+from ..errors import StoreError
 from .base import Layout, column_matrix
 from .columns import StoredColumns, has_nulls, numpy_dtype, to_numpy
+from .integrity import file_sum, parquet_data_size
+from .provenance import FileSum, is_complete, sealed
 from .staging import Staging
 
 ROW_GROUP_ROWS = 32768
 METADATA_KEY = b"bertpipe"
+LEVEL_FILES = ("docs.parquet", "chunks.parquet")
+# What pyarrow raises for a damaged file: a bad footer, a page CRC mismatch, a short read.
+READ_ERRORS = (OSError, pa.ArrowException)
 
 
 def _write(file: Path, parts: Iterator[pa.Table], provenance: dict[str, Any] | None) -> None:
@@ -59,12 +71,21 @@ def _writer(file: Path, schema: pa.Schema, provenance: dict[str, Any] | None) ->
         file, schema, compression="zstd",
         use_dictionary=others,  # why: dictionaries only bloat float vectors
         use_byte_stream_split=[f"{name}.list.element" for name in vectors],
+        write_page_checksum=True,  # why: a read then refuses altered bytes
     )
+
+
+def _open(file: Path | str) -> pq.ParquetFile:
+    """A stored file, its page checksums verified on read; damage is a StoreError."""
+    try:
+        return pq.ParquetFile(file, page_checksum_verification=True)
+    except READ_ERRORS as exc:
+        raise StoreError(f"{file}: damaged Parquet file ({exc})") from None
 
 
 def _dataset(file: Path, dim: str) -> xr.Dataset:
     """Every column as a dask array read lazily, one block per row group."""
-    pf = pq.ParquetFile(file)
+    pf = _open(file)
     group_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
     variables = {}
     for field in pf.schema_arrow:
@@ -88,7 +109,10 @@ def _dataset(file: Path, dim: str) -> xr.Dataset:
 
 
 def _read_block(file: str, group: int, column: str, nulls: bool) -> np.ndarray:
-    col = pq.ParquetFile(file).read_row_group(group, columns=[column]).column(0)
+    try:
+        col = _open(file).read_row_group(group, columns=[column]).column(0)
+    except READ_ERRORS as exc:
+        raise StoreError(f"{file}: column {column}, row group {group}: damaged ({exc})") from None
     if pa.types.is_fixed_size_list(col.type):
         return column_matrix(col)
     return to_numpy(col, nulls)
@@ -96,7 +120,7 @@ def _read_block(file: str, group: int, column: str, nulls: bool) -> np.ndarray:
 
 def _with_column(file: Path, source: str, name: str,
                  fn: Callable[[np.ndarray], np.ndarray]) -> Iterator[pa.Table]:
-    pf = pq.ParquetFile(file)
+    pf = _open(file)
     for g in range(pf.num_row_groups):
         table = pf.read_row_group(g)
         src = table.column(source)
@@ -119,8 +143,44 @@ def _conformed(staging: Staging, level: str, layout: Layout) -> Iterator[pa.Tabl
 
 
 def _metadata(file: Path) -> dict[str, Any] | None:
-    raw = (pq.read_schema(file).metadata or {}).get(METADATA_KEY)
+    raw = (_open(file).schema_arrow.metadata or {}).get(METADATA_KEY)
     return json.loads(raw) if raw else None
+
+
+def _replace_footer(file: Path, provenance: dict[str, Any]) -> None:
+    """Rewrite only the footer of `file` with `provenance` in its metadata: the column data
+    (and so its recorded checksum) stays byte for byte what it was."""
+    pf = _open(file)
+    data_size = parquet_data_size(file)
+    if data_size is None:
+        raise StoreError(f"{file}: damaged Parquet file (no footer)")
+    schema = pf.schema_arrow
+    metadata = {**(schema.metadata or {}),
+                METADATA_KEY: json.dumps(provenance, default=str).encode()}
+    footer = file.with_name(f".{file.name}.{uuid.uuid4().hex}.footer")
+    tmp = file.with_name(f".{file.name}.{uuid.uuid4().hex}")
+    try:
+        # a metadata-only Parquet file: magic, then the footer describing pf's row groups
+        pq.write_metadata(schema.with_metadata(metadata), footer, metadata_collector=[pf.metadata])
+        with tmp.open("wb") as out, file.open("rb") as data, footer.open("rb") as new:
+            for block in _blocks(data, data_size):
+                out.write(block)
+            new.seek(4)  # the footer file's leading magic: the data already starts with one
+            shutil.copyfileobj(new, out)
+        os.replace(tmp, file)
+    finally:
+        footer.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+
+
+def _blocks(stream: Any, size: int) -> Iterator[bytes]:
+    left = size
+    while left > 0:
+        block = stream.read(min(left, 1 << 20))
+        if not block:
+            raise StoreError(f"{stream.name}: shorter than its footer says")
+        left -= len(block)
+        yield block
 
 
 class ParquetFormat:
@@ -137,6 +197,30 @@ class ParquetFormat:
     def read_provenance(self, path: str) -> dict[str, Any] | None:
         file = Path(path) / "docs.parquet"
         return _metadata(file) if file.exists() else None
+
+    def data_files(self, path: str) -> list[str]:
+        root = Path(path)
+        files = [name for name in LEVEL_FILES if (root / name).is_file()]
+        post = root / "post"
+        if post.is_dir():
+            files += [f"post/{f.name}" for f in sorted(post.glob("*.npz"))
+                      if not f.name.startswith(".")]
+        return files
+
+    def checked_size(self, path: str, rel: str) -> int | None:
+        file = Path(path) / rel
+        if rel.endswith(".parquet"):
+            return parquet_data_size(file)
+        return file.stat().st_size if file.is_file() else None
+
+    def file_sum(self, path: str, rel: str) -> FileSum | None:
+        size = self.checked_size(path, rel)
+        return None if size is None else file_sum(Path(path) / rel, size)
+
+    def row_counts(self, path: str) -> dict[str, tuple[str, int]]:
+        root = Path(path)
+        return {name: (name.removesuffix(".parquet"), _open(root / name).metadata.num_rows)
+                for name in LEVEL_FILES if (root / name).is_file()}
 
     def commit(self, path: str, staging: Staging, layout: Layout,
                provenance: dict[str, Any]) -> None:
@@ -176,6 +260,8 @@ class ParquetFormat:
             return {key: data[key] for key in data.files}
 
     def update_provenance(self, path: str, provenance: dict[str, Any]) -> None:
-        file = Path(path) / "docs.parquet"
-        pf = pq.ParquetFile(file)
-        _write(file, (pf.read_row_group(g) for g in range(pf.num_row_groups)), provenance)
+        """Write the provenance; a complete one is sealed with every data file's checksum."""
+        if is_complete(provenance):
+            provenance = sealed(provenance, {rel: sum_ for rel in self.data_files(path)
+                                             if (sum_ := self.file_sum(path, rel))})
+        _replace_footer(Path(path) / "docs.parquet", provenance)

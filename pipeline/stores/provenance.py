@@ -85,6 +85,15 @@ class PostInfo:
 
 
 @dataclass(frozen=True)
+class FileSum:
+    """A stored file's checksum: SHA-256 of its first `size` bytes (a Parquet file's column
+    data, before the footer that holds the provenance; every other file whole)."""
+
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
 class Provenance:
     format_version: int
     run_fingerprint: str
@@ -99,6 +108,9 @@ class Provenance:
     post: dict[str, PostInfo] = field(default_factory=dict)
     # empty in stores written before input identities were recorded
     input_identity: tuple[InputFile, ...] = ()
+    # file path inside the store -> its checksum; recorded when the store is marked complete
+    # (empty in stores written before checksums existed)
+    checksums: dict[str, FileSum] = field(default_factory=dict)
 
     @property
     def views(self) -> list[str]:
@@ -143,6 +155,7 @@ class Provenance:
                 complete=bool(raw.get("complete")),
                 post={k: PostInfo(**v) for k, v in raw.get("post", {}).items()},
                 input_identity=input_identity_of(raw),
+                checksums=recorded_checksums(raw),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"{where}: damaged provenance ({type(exc).__name__}: {exc})") from None
@@ -164,3 +177,14 @@ def fingerprint_of(raw: dict[str, Any] | None) -> str | None:
 def input_identity_of(raw: dict[str, Any] | None) -> tuple[InputFile, ...]:
     """The input identity a store (complete or not) recorded; () when it recorded none."""
     return tuple(InputFile.from_dict(f) for f in (raw or {}).get("input_identity") or ())
+
+
+def recorded_checksums(raw: dict[str, Any] | None) -> dict[str, FileSum]:
+    """The checksums a store's raw provenance records (empty when it records none)."""
+    sums = (raw or {}).get("checksums") or {}
+    return {str(k): FileSum(str(v["sha256"]), int(v["size"])) for k, v in sums.items()}
+
+
+def sealed(raw: dict[str, Any], checksums: dict[str, FileSum]) -> dict[str, Any]:
+    """`raw` with `checksums` recorded (what a format writes when a store is complete)."""
+    return {**raw, "checksums": {k: asdict(v) for k, v in sorted(checksums.items())}}
