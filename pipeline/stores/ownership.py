@@ -1,7 +1,7 @@
 """What in an output folder is bertpipe's, so that replacing a store removes only that.
 
 A folder is a bertpipe store, complete or not, when its `zarr.json` carries a `bertpipe`
-attribute, its `docs.parquet` carries `bertpipe` metadata, or it holds the staging area
+attribute, its `docs/part-0.parquet` carries `bertpipe` metadata, or it holds the staging area
 `_bertpipe/run.json` of a run. Its own entries are the format's files and folders; any
 other entry is the user's and is never removed.
 """
@@ -24,7 +24,7 @@ from .staging import STAGING_DIR
 
 OWN_ENTRIES = {
     "zarr": {"zarr.json", "ids", "docs", "chunks", "post", "index", STAGING_DIR},
-    "parquet": {"docs.parquet", "chunks.parquet", "post", "index", STAGING_DIR},
+    "parquet": {"docs", "chunks", "post", "index", STAGING_DIR},
 }
 # files a run leaves while it writes: parquet parts before their rename, lock temporaries
 TEMPORARY = re.compile(r"^\.(docs|chunks)\.parquet\.[0-9a-f]{32}$")
@@ -69,7 +69,7 @@ def store_format(root: Path) -> str | None:
     """The format of the bertpipe store at `root` (complete or not), or None."""
     if _zarr_is_ours(root / "zarr.json"):
         return "zarr"
-    if _parquet_is_ours(root / "docs.parquet"):
+    if _parquet_is_ours(root / "docs" / "part-0.parquet"):
         return "parquet"
     run = _read_json(root / STAGING_DIR / "run.json")
     if run and run.get("run_fingerprint"):
