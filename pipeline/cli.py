@@ -74,9 +74,22 @@ Exit codes:
 
 @click.group(cls=OneLineGroup, epilog=EXIT_CODES)
 @click.version_option(package_name="bertpipe")
-@click.option("-v", "--verbose", is_flag=True, help="Log progress details.")
-def main(verbose: bool) -> None:
-    """bertpipe: fixed-size vectors from BERT-family encoders, from Parquet text tables."""
+@click.option("-v", "--verbose", is_flag=True, help="Log details (model loading, Dask).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress lines; errors and the result "
+              "still print.")
+@click.pass_context
+def main(ctx: click.Context, verbose: bool, quiet: bool) -> None:
+    """bertpipe: fixed-size vectors from BERT-family encoders, from Parquet text tables.
+
+    \b
+    Start with:
+      bertpipe validate jobs/reviews.yaml
+      bertpipe extract jobs/reviews.yaml
+      bertpipe inspect out/reviews.zarr
+    Shell completion (bash; zsh and fish alike):
+      eval "$(_BERTPIPE_COMPLETE=bash_source bertpipe)"
+    """
+    ctx.obj = {"quiet": quiet}
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     level = logging.INFO if verbose else logging.WARNING
@@ -175,10 +188,12 @@ def _extract(job_file: str, overrides: tuple[str, ...], overwrite: bool, schedul
     from .run.progress import Progress
     from .run.runner import executor_for, run_job
 
-    with Progress() as progress, _terminate_as_exit():
+    quiet = bool((click.get_current_context().find_root().obj or {}).get("quiet"))
+    with Progress(quiet=quiet) as progress, _terminate_as_exit():
         if summary is not None:
             summary.path = job.output.path
-        summary = run_job(job, executor=executor_for(job, say=progress.message),
+        executor = executor_for(job, say=progress.message, on_batch=progress.batch_done)
+        summary = run_job(job, executor=executor,
                           on_done=progress.partition_done, overwrite=overwrite,
                           on_plan=progress.start, job_file=job_file, summary=summary)
     click.echo(summary.line())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,16 +36,21 @@ class Encoder:
         self._cls_attention: _ClsAttention | None = None
         if needs.cls_attention:
             self._cls_attention = _ClsAttention(model)
+        # on_batch(batches done, batches planned) after each forward pass: progress only
+        self.on_batch: Callable[[int, int], None] | None = None
 
     def encode(self, sequences: Sequence[Sequence[int]], batching: BatchingSpec
                ) -> dict[str, np.ndarray]:
         """Vectors for every sequence (ids incl. special tokens), in input order."""
         out = {v.name: np.empty((len(sequences), v.width), np.float32) for v in self.views}
         lengths = [len(s) for s in sequences]
-        for idx in plan_batches(lengths, batching.max_tokens_per_batch, batching.max_batch_size):
+        batches = plan_batches(lengths, batching.max_tokens_per_batch, batching.max_batch_size)
+        for done, idx in enumerate(batches, 1):
             vectors = self.encode_batch([sequences[i] for i in idx])
             for name, arr in vectors.items():
                 out[name][idx] = arr
+            if self.on_batch:
+                self.on_batch(done, len(batches))
         return out
 
     def encode_batch(self, sequences: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:

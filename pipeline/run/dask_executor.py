@@ -30,9 +30,10 @@ from ..extract.partition import Extractor
 from ..extract.source import Partition
 from ..spec import Job
 from ..stores import Staging
-from .executors import Failures, OnDone, failure_reason, run_partition
+from .executors import Failures, OnBatch, OnDone, failure_reason, run_partition
 
 log = logging.getLogger(__name__)
+PROGRESS_TOPIC = "bertpipe-progress"
 
 
 class ExtractorPlugin(WorkerPlugin):
@@ -77,9 +78,16 @@ class ExtractorPlugin(WorkerPlugin):
                     return {"setup_error": exc}
             try:
                 return {"marker": run_partition(self._extractor, Staging(store_path), part,
-                                                fingerprint)}
+                                                fingerprint, _publish_batches)}
             except BertpipeError as exc:
                 return {"error": exc}
+
+
+def _publish_batches(part: Partition, done: int, total: int) -> None:
+    """A batch's progress as a worker event; the client subscribes to the topic."""
+    from distributed import get_worker
+
+    get_worker().log_event(PROGRESS_TOPIC, {"index": part.index, "done": done, "total": total})
 
 
 def _partition_task(part: Partition, store_path: str, fingerprint: str, plugin: str
@@ -96,6 +104,7 @@ class DaskExecutor:
         self.scheduler = scheduler
         self.workers = workers
         self.threads_per_worker = threads_per_worker  # torch threads; None: the worker's own
+        self.on_batch: OnBatch | None = None  # per-batch progress, from worker events
         self.say = say
         self.dashboard: str | None = None
         self._remote: Any = None  # the client of a remote scheduler, while entered
@@ -134,6 +143,16 @@ class DaskExecutor:
                  + (f", dashboard {self.dashboard}" if self.dashboard else ""))
         name = f"bertpipe-{fingerprint[:16]}"
         client.register_plugin(ExtractorPlugin(job, name, torch_threads), name=name)
+        if self.on_batch is not None:
+            by_index = {p.index: p for p in parts}
+            on_batch = self.on_batch
+
+            def show(event: tuple[float, dict[str, int]]) -> None:
+                msg = event[1]
+                if msg.get("index") in by_index:
+                    on_batch(by_index[msg["index"]], int(msg["done"]), int(msg["total"]))
+
+            client.subscribe_topic(PROGRESS_TOPIC, show)
         resources = {"GPU": 1} if _wants_gpu(client, job) else None
         futures = {
             client.submit(_partition_task, part, job.output.path, fingerprint, name,

@@ -18,6 +18,8 @@ from ..spec import Job
 from ..stores import Staging
 
 # on_done(partition, marker) once per finished partition: progress and bookkeeping.
+# on_batch(partition, batches done, batches planned) after each forward pass: progress only.
+OnBatch = Callable[[Partition, int, int], None]
 OnDone = Callable[[Partition, dict[str, Any]], None]
 Failures = list[tuple[Partition, str]]
 
@@ -40,9 +42,11 @@ class Executor(Protocol):
 
 
 def run_partition(extractor: Extractor, staging: Staging, part: Partition,
-                  fingerprint: str) -> dict[str, Any]:
+                  fingerprint: str, on_batch: OnBatch | None = None) -> dict[str, Any]:
     """Encode one partition and leave its parts and marker in the store."""
     start = time.perf_counter()
+    extractor.encoder.on_batch = (lambda done, total: on_batch(part, done, total)) \
+        if on_batch else None
     tables = extractor.run(part)
     marker = {
         "fingerprint": fingerprint,
@@ -67,8 +71,9 @@ def failure_reason(exc: BaseException) -> str:
 class InProcessExecutor:
     """Everything in this process, one partition after another (`scheduler: synchronous`)."""
 
-    def __init__(self, extractor: Extractor | None = None):
+    def __init__(self, extractor: Extractor | None = None, on_batch: OnBatch | None = None):
         self.extractor = extractor
+        self.on_batch = on_batch
 
     def __enter__(self) -> InProcessExecutor:
         return self
@@ -85,7 +90,7 @@ class InProcessExecutor:
         failures = []
         for part in parts:
             try:
-                marker = run_partition(extractor, staging, part, fingerprint)
+                marker = run_partition(extractor, staging, part, fingerprint, self.on_batch)
             except Exception as exc:  # noqa: BLE001 - reported per partition, as Dask does
                 failures.append((part, failure_reason(exc)))
                 continue

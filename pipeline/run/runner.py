@@ -27,7 +27,7 @@ from ..spec import Job
 from ..stores import Layout, Staging, format_named
 from ..stores.provenance import FORMAT_VERSION, InputFile, ModelInfo, Provenance
 from ..version import __version__
-from .executors import Executor, InProcessExecutor, OnDone
+from .executors import Executor, InProcessExecutor, OnBatch, OnDone
 from .output import OutputSession, Plan, assess, check_output_location
 
 log = logging.getLogger(__name__)
@@ -219,14 +219,18 @@ def build_provenance(job: Job, markers: Sequence[dict[str, Any]], model: dict[st
     )
 
 
-def executor_for(job: Job, say: Callable[[str], None] = log.info) -> Executor:
+def executor_for(job: Job, say: Callable[[str], None] = log.info,
+                 on_batch: OnBatch | None = None) -> Executor:
     """In-process for `synchronous`, else Dask (imported only then: it is slow to import)."""
     scheduler = job.execution.scheduler
     if scheduler == "synchronous":
-        return InProcessExecutor()
+        return InProcessExecutor(on_batch=on_batch)
     if scheduler != "local" and "://" not in scheduler:
         raise JobError(f"execution.scheduler: {scheduler!r} is not local, synchronous or a "
                        "scheduler address like tcp://host:8786")
     from .dask_executor import DaskExecutor  # why here: importing distributed costs ~1 s
 
-    return DaskExecutor(scheduler, job.execution.workers, job.execution.threads_per_worker, say)
+    executor = DaskExecutor(scheduler, job.execution.workers, job.execution.threads_per_worker,
+                            say)
+    executor.on_batch = on_batch
+    return executor
