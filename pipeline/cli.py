@@ -108,7 +108,14 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALU
 @_user_errors
 def validate(job_file: str, overrides: tuple[str, ...], schema_only: bool) -> None:
     """Check a job without running it: the file, the model's config and tokenizer (no
-    weights), and the input's Parquet metadata (no rows). Writes nothing."""
+    weights), and the input's Parquet metadata (no rows). Writes nothing.
+
+    \b
+    Examples:
+      bertpipe validate jobs/reviews.yaml
+      bertpipe validate jobs/reviews.yaml --set model.path=models/other
+      bertpipe validate jobs/cluster.yaml --schema-only   # where model and data are not mounted
+    """
     from .spec import load_job
 
     job = load_job(job_file, overrides)
@@ -223,7 +230,12 @@ def _terminate_as_exit() -> Iterator[None]:
 @click.argument("store_path", type=click.Path())
 @_user_errors
 def unlock(store_path: str) -> None:
-    """Remove a stale lock left by a run that died (never the lock of a running process)."""
+    """Remove a stale lock left by a run that died (never the lock of a running process).
+
+    \b
+    Example:
+      bertpipe unlock out/reviews.zarr
+    """
     from .stores.lock import StoreLock
 
     lock = StoreLock(os.path.realpath(store_path))
@@ -288,7 +300,12 @@ def verify(store_path: str) -> None:
 
     Recomputes the checksum of every file the store recorded when it was completed, and
     checks the complete flag, the rows of every array or file, and that every view is
-    stored. Prints one OK line, or exits 5 naming each array or file that is wrong."""
+    stored. Prints one OK line, or exits 5 naming each array or file that is wrong.
+
+    \b
+    Example:
+      bertpipe verify out/reviews.zarr && echo "safe to publish"
+    """
     from .stores.verify import verified
 
     click.echo(verified(store_path).line())
@@ -297,7 +314,9 @@ def verify(store_path: str) -> None:
 @main.command()
 @click.argument("store_path", type=click.Path())
 @click.option("--view", required=True, help="The view to fit on.")
-@click.option("--method", required=True, type=click.Choice(["center", "whiten", "abtt"]))
+@click.option("--method", required=True, type=click.Choice(["center", "whiten", "abtt"]),
+              help="center: subtract the mean; whiten: decorrelate to unit variance; abtt: "
+              "remove the top principal directions (all-but-the-top).")
 @click.option("--dims", type=click.IntRange(min=1), default=None,
               help="whiten: keep this many dimensions (1 to the view's width).")
 @click.option("-d", "top", type=click.IntRange(min=1), default=None,
@@ -308,7 +327,14 @@ def verify(store_path: str) -> None:
 @_user_errors
 def postprocess(store_path: str, view: str, method: str, dims: int | None, top: int | None,
                 normalize: bool, name: str | None) -> None:
-    """Fit a geometry fix on a view and write the result as a new view of the store."""
+    """Fit a geometry fix on a view and write the result as a new view of the store.
+
+    \b
+    Examples:
+      bertpipe postprocess out/reviews.zarr --view mean --method center
+      bertpipe postprocess out/reviews.zarr --view mean --method whiten --dims 128 --normalize
+      bertpipe postprocess out/reviews.zarr --view cls --method abtt -d 2 --name cls_abtt2
+    """
     from .post.apply import postprocess as run
     from .spec import PostSpec
 
@@ -333,7 +359,14 @@ def postprocess(store_path: str, view: str, method: str, dims: int | None, top: 
 @_user_errors
 def search(store_path: str, query: tuple[str, ...], view: str | None, k: int,
            level: str, exact: bool) -> None:
-    """Top-k rows of a store for a query text (exact cosine search)."""
+    """Top-k rows of a store for a query text (exact cosine search, or the store's FAISS
+    index when there is one).
+
+    \b
+    Examples:
+      bertpipe search out/reviews.zarr "made me dizzy" --view mean -k 5
+      bertpipe search out/reviews.zarr "weight gain" --chunks --exact
+    """
     from .analysis.search import search as run
     from .analysis.search import snippet
     from .api import open_store
@@ -364,7 +397,8 @@ def search(store_path: str, query: tuple[str, ...], view: str | None, k: int,
               help="Also learn an ELMo scalar mix over the single-layer views with this pooling.")
 @click.option("--folds", default=5, show_default=True, type=click.IntRange(min=2),
               help="Cross-validation folds (at least 2).")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the folds and subsamples: "
+              "the same seed gives the same report.")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Where probe.json, probe.html and probe.png go (default STORE-probe/).")
 @click.option("--learning-curve", "learning_curve", is_flag=True, help="Also refit each view "
@@ -378,7 +412,15 @@ def probe(store_path: str, label: str, labels_file: str | None, label_column: st
           id_column: str, view_names: str | None, layers: bool, scalar_mix: str | None,
           folds: int, seed: int, out_dir: str | None, learning_curve: bool,
           curve_sizes: str | None, curve_repeats: int) -> None:
-    """Linear probes of every view: which layer and pooling carry the label?"""
+    """Linear probes of every view: which layer and pooling carry the label?
+
+    \b
+    Examples:
+      bertpipe probe out/reviews.zarr --label label
+      bertpipe probe out/sweep.zarr --label label --layers --scalar-mix mean
+      bertpipe probe out/reviews.zarr --label y --labels labels.parquet --id-column doc_id
+      bertpipe probe out/sweep.zarr --label label --views l3_mean --learning-curve
+    """
     from .analysis.probe import load_labels, run_probe
     from .analysis.report import table, write_outputs
     from .api import open_store
@@ -420,7 +462,12 @@ def _int_list(text: str, option: str) -> list[int]:
               help="Lists scanned per query.")
 @_user_errors
 def index(store_path: str, view: str, level: str, nprobe: int) -> None:
-    """Build an approximate nearest-neighbour index (FAISS) beside the store."""
+    """Build an approximate nearest-neighbour index (FAISS) beside the store.
+
+    \b
+    Example:
+      bertpipe index out/reviews.zarr --view mean --nprobe 32
+    """
     from .analysis.index import build_index
     from .api import open_store
 
@@ -441,14 +488,21 @@ def index(store_path: str, view: str, level: str, nprobe: int) -> None:
               "instead of one row's maps.")
 @click.option("--sample", default=100, show_default=True, help="--summary: rows sampled "
               "(fixed seed).")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the row sample for "
+              "--summary.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for attention.html + attention.npz (or the summary's files).")
 @_user_errors
 def attention(job_file: str, overrides: tuple[str, ...], row_id: str | None, chunk: int,
               layers: str | None, heads: str | None, summary: bool, sample: int, seed: int,
               out_dir: str) -> None:
-    """Attention maps of one row, or what every head does over a sample (a diagnostic)."""
+    """Attention maps of one row, or what every head does over a sample (a diagnostic).
+
+    \b
+    Examples:
+      bertpipe attention jobs/reviews.yaml --id 48134 --layers 0,5 --out out/att
+      bertpipe attention jobs/reviews.yaml --summary --sample 200 --out out/att
+    """
     from .analysis.attention import AttentionError, attention_for_row, summarize_heads
     from .spec import load_job
 
