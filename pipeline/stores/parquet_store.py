@@ -1,15 +1,17 @@
-"""Parquet store: a directory with `docs.parquet` and `chunks.parquet`.
+"""Parquet store: a directory with `docs.parquet`, `chunks.parquet` and, for token views,
+a `tokens/` folder of part files (one per partition, in row order).
 
 Views are `fixed_size_list<float, D>` columns (zstd, byte-stream-split, no dictionary);
 the provenance JSON sits in `docs.parquet`'s file metadata under `bertpipe`. The
-commit writes `chunks.parquet` first and `docs.parquet` last, each to a temporary name
-renamed into place, so a store with a `docs.parquet` is a complete store.
+commit writes `tokens/` and `chunks.parquet` first and `docs.parquet` last, each to a
+temporary name renamed into place, so a store with a `docs.parquet` is a complete store.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -22,12 +24,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xarray as xr
 
-from .base import Layout, column_matrix
+from .base import Layout, column_matrix, with_store_token_offsets
 from .columns import StoredColumns, has_nulls, numpy_dtype, to_numpy
 from .staging import Staging
 
 ROW_GROUP_ROWS = 32768
 METADATA_KEY = b"bertpipe"
+TOKENS_DIR = "tokens"
 
 
 def _write(file: Path, parts: Iterator[pa.Table], provenance: dict[str, Any] | None) -> None:
@@ -118,6 +121,45 @@ def _conformed(staging: Staging, level: str, layout: Layout) -> Iterator[pa.Tabl
         yield columns.conform(table)
 
 
+def _write_tokens(root: Path, staging: Staging, layout: Layout) -> None:
+    """`tokens/part-NNNNNN.parquet`, numbered in row order, written into a temporary folder
+    that replaces `tokens/` whole."""
+    tmp = root / f".{TOKENS_DIR}.{uuid.uuid4().hex}"
+    tmp.mkdir()
+    for k, table in enumerate(_conformed(staging, "tokens", layout)):
+        _write(tmp / f"part-{k:06d}.parquet", iter([table]), None)
+    shutil.rmtree(root / TOKENS_DIR, ignore_errors=True)  # a commit interrupted after it
+    os.replace(tmp, root / TOKENS_DIR)
+
+
+def _parts_dataset(files: Sequence[Path], dim: str) -> xr.Dataset:
+    """Every column of a folder of part files as dask arrays, one block per row group,
+    the files concatenated in the given order."""
+    blocks: dict[str, list[da.Array]] = {}
+    empty: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
+    for file in files:
+        pf = pq.ParquetFile(file)
+        group_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
+        for field in pf.schema_arrow:
+            nulls = False
+            if pa.types.is_fixed_size_list(field.type):
+                width = field.type.list_size
+                dtype = np.dtype(field.type.value_type.to_pandas_dtype())
+                dims: tuple[str, ...] = (dim, f"{field.name}_dim")
+            else:
+                width, dims = 0, (dim,)
+                nulls = has_nulls(pf.metadata, field.name)
+                dtype = numpy_dtype(field.type, nulls)
+            empty.setdefault(field.name, (dims, np.empty((0, width) if width else (0,), dtype)))
+            blocks.setdefault(field.name, []).extend(
+                da.from_delayed(dask.delayed(_read_block)(str(file), g, field.name, nulls),
+                                shape=(rows, width) if width else (rows,), dtype=dtype)
+                for g, rows in enumerate(group_rows))
+    return xr.Dataset({
+        name: (dims, da.concatenate(blocks[name]) if blocks[name] else da.from_array(zero))
+        for name, (dims, zero) in empty.items()})
+
+
 def _metadata(file: Path) -> dict[str, Any] | None:
     raw = (pq.read_schema(file).metadata or {}).get(METADATA_KEY)
     return json.loads(raw) if raw else None
@@ -141,9 +183,12 @@ class ParquetFormat:
     def commit(self, path: str, staging: Staging, layout: Layout,
                provenance: dict[str, Any]) -> None:
         root = Path(path)
+        if layout.has_tokens:
+            _write_tokens(root, staging, layout)
         if layout.has_chunks:
             _write(root / "chunks.parquet", _conformed(staging, "chunks", layout), None)
-        docs = (t.drop_columns(["row"]) for t in _conformed(staging, "docs", layout))
+        docs = (t.drop_columns(["row"]) for t in
+                with_store_token_offsets(_conformed(staging, "docs", layout)))
         _write(root / "docs.parquet", docs, provenance)
 
     def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
@@ -153,6 +198,12 @@ class ParquetFormat:
         chunks_file = root / "chunks.parquet"
         chunks = _dataset(chunks_file, "chunk") if chunks_file.exists() else None
         return docs, chunks
+
+    def open_tokens(self, path: str) -> xr.Dataset | None:
+        folder = Path(path) / TOKENS_DIR
+        if not folder.is_dir():
+            return None
+        return _parts_dataset(sorted(folder.glob("part-*.parquet")), "piece")
 
     def add_view(self, path: str, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
                  levels: Sequence[str]) -> None:
