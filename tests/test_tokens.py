@@ -43,6 +43,7 @@ TOKEN_VIEWS = {
 
 def extract(tmp: Path, texts: list[str | None], model: Path, fmt: str, **sections: Any
             ) -> pipeline.Store:
+    tmp.mkdir(parents=True, exist_ok=True)
     source = write_table(tmp / "in.parquet", {"id": [f"r{i}" for i in range(len(texts))],
                                               "text": texts})
     out = tmp / f"out.{fmt}"
@@ -366,3 +367,77 @@ def test_minilm_token_vectors_equal_plain_transformers(minilm: Path, tmp_path: P
                                      strict=True):
             if piece != oracle.tokenizer.unk_token:
                 assert surface(text[start:end]) == surface(piece), (row, piece)
+
+
+# ---- the commands around a store of token views only ----------------------------------
+
+@pytest.fixture(scope="module")
+def tokens_only(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> pipeline.Store:
+    tmp = tmp_path_factory.mktemp("tokens-only")
+    texts = [t for t in TEXTS if t and t.strip()] * 3
+    return extract(tmp, texts, tiny_bert, "parquet", views={"tok": {"pooling": "tokens"}},
+                   input={"carry_columns": ["text"]})
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["search", "{store}", "drug"], 5, "no document vectors to search (token views only: tok)"),
+    (["search", "{store}", "drug", "--view", "tok"], 5, "'tok' is a token view"),
+    (["postprocess", "{store}", "--view", "tok", "--method", "center"], 5,
+     "'tok' is a token view (pooling: tokens); geometry fixes are fitted on document"),
+    (["probe", "{store}", "--label", "text", "--folds", "2"], 3,
+     "no document vectors to probe (token views only: tok)"),
+])
+def test_commands_refuse_token_views_in_one_line(tokens_only: pipeline.Store, args: list[str],
+                                                 code: int, message: str) -> None:
+    result = CliRunner().invoke(main, [a.format(store=tokens_only.path) for a in args])
+    assert result.exit_code == code, result.output
+    assert message in result.stderr and "Traceback" not in result.output
+
+
+def test_inspect_shows_the_tokens_level(tokens_only: pipeline.Store) -> None:
+    result = CliRunner().invoke(main, ["inspect", tokens_only.path])
+    assert result.exit_code == 0, result.output
+    n = int(tokens_only.docs["n_tokens"].sum())
+    assert "pooling tokens, layers [-1]" in result.stdout
+    assert f"tokens     {n} stored" in result.stdout
+
+
+def test_overwrite_replaces_the_tokens_level(tiny_bert: Path, tmp_path: Path) -> None:
+    first = extract(tmp_path / "a", ["the drug worked"], tiny_bert, "parquet",
+                    views={"tok": {"pooling": "tokens"}})
+    out = Path(first.path)
+    assert (out / "tokens").is_dir()
+    source = write_table(tmp_path / "one.parquet", {"id": ["a"], "text": ["the drug"]})
+    job = job_dict(source, tiny_bert, out, output={"format": "parquet"},
+                   views={"m": {"pooling": "mean"}})
+    result = CliRunner().invoke(main, ["extract", "--overwrite",
+                                       str(write_job(tmp_path / "job.yaml", job))])
+    assert result.exit_code == 0, result.output
+    assert not (out / "tokens").exists() and "warning" not in result.output.lower()
+    assert pipeline.open_store(out).token_dataset is None
+
+
+def test_a_resumed_run_stores_the_same_tokens(tiny_bert: Path, tmp_path: Path) -> None:
+    from pipeline.run import runner
+    from pipeline.spec import load_job
+
+    class StopsAfterOne(runner.InProcessExecutor):
+        def run(self, job, parts, staging, fingerprint, on_done):  # type: ignore[no-untyped-def]
+            super().run(job, parts[:1], staging, fingerprint, on_done)
+            raise KeyboardInterrupt
+
+    clean = extract(tmp_path / "clean", TEXTS, tiny_bert, "zarr", views=TOKEN_VIEWS,
+                    execution={"scheduler": "synchronous", "partition_rows": 3})
+    job_file = Path(clean.path).parent / "job.yaml"
+    job = load_job(job_file, ("output.path=" + str(tmp_path / "resumed.zarr"),))
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_job(job, executor=StopsAfterOne())
+    summary = runner.run_job(job)
+    assert summary.skipped == 1 and summary.run == 2
+    resumed = pipeline.open_store(tmp_path / "resumed.zarr")
+    assert clean.token_dataset is not None and resumed.token_dataset is not None
+    for name in clean.token_dataset.variables:
+        np.testing.assert_array_equal(resumed.token_dataset[name].values,
+                                      clean.token_dataset[name].values)
+    np.testing.assert_array_equal(resumed.docs["token_offset"].values,
+                                  clean.docs["token_offset"].values)

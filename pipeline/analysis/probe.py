@@ -142,6 +142,9 @@ def run_probe(store: Store, labels: pd.Series, views: Sequence[str] | None = Non
     y, classes = _encode_labels(y_raw, task, folds)
     folds = _folds_for(y, task, folds)
     names = list(views or store.views)
+    if not names:
+        raise ProbeError(f"{store.path}: no document vectors to probe (token views only: "
+                         f"{', '.join(store.token_views)}); add a pooled view to the job")
     results = []
     for name in names:
         x = store.vectors(name)[ok].astype(np.float64)
