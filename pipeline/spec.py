@@ -38,7 +38,10 @@ STORE_FIELDS = frozenset({
     "id", "ids", "row", "doc", "docs", "chunk", "chunks", "seq", "start", "end", "n_tokens",
     "n_chunks", "truncated", "status", "post", "index", "_bertpipe",
     "n_unk", "n_words", "n_fragmented",  # vocabulary fit, per row
+    # the token level (views with pooling: tokens)
+    "tokens", "token", "token_id", "token_offset", "token_count", "position", "piece",
 })
+TOKEN_POOLING = "tokens"  # a view that keeps one vector per token instead of pooling
 DIM_SUFFIX = "_dim"  # a view's second dimension is `<view>_dim`
 
 
@@ -90,6 +93,11 @@ class ViewSpec:
     gamma: float = 1.0
     normalize: bool = False
     post: PostSpec | None = None  # fitted on the documents at the end of the run
+
+    @property
+    def per_token(self) -> bool:
+        """A token view: one vector per word piece, stored in the tokens level only."""
+        return self.pooling == TOKEN_POOLING
 
 
 @dataclass(frozen=True)
@@ -171,6 +179,11 @@ class Job:
         content["output"].pop("path")
         blob = json.dumps(content, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
+
+    @property
+    def token_views(self) -> tuple[ViewSpec, ...]:
+        """Views with pooling: tokens (their vectors go to the tokens level only)."""
+        return tuple(v for v in self.views if v.per_token)
 
     def view(self, name: str) -> ViewSpec:
         for v in self.views:
@@ -386,6 +399,9 @@ def _check_consistency(job: Job) -> None:
         if v.pooling == "pooler" and (v.layers != (-1,) or v.combine != "none"):
             raise JobError(f"{key}.layers: the pooler is defined on the last layer only; "
                            "drop layers/combine for pooling: pooler")
+        if v.pooling == TOKEN_POOLING and v.post is not None:
+            raise JobError(f"{key}.post: post-processing is fitted on document vectors and a "
+                           "pooling: tokens view stores token vectors only; drop post")
     if "://" in job.output.path:
         raise JobError("output.path: object-store URLs are not supported; use a local or "
                        "shared-filesystem path that every worker can reach")

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from ..errors import BertpipeError, InputError, ModelError
+from ..errors import InputError, ModelError, OptionError
 from ..extract.batching import plan_batches
 from ..extract.chunking import ChunkedPartition, Specials, chunk_partition, content_budget
 from ..extract.model import LoadedModel, load_model
@@ -57,10 +57,8 @@ STAT_TITLES = {
 WORD_PIECE_MARKERS = ("##", "Ġ", "▁")  # WordPiece continuation, byte-level BPE, SentencePiece
 
 
-class AttentionError(BertpipeError):
+class AttentionError(OptionError):
     """A bad option of `bertpipe attention` (layer, head or chunk out of range)."""
-
-    exit_code = 2
 
 
 # ---- choosing layers, heads, rows ------------------------------------------------------

@@ -57,7 +57,8 @@ def run_partition(extractor: Extractor, staging: Staging, part: Partition,
         "dtype": str(extractor.model.compute_dtype).removeprefix("torch."),
         "seconds": time.perf_counter() - start,
     }
-    return staging.write_part(part.index, {"docs": tables.docs, "chunks": tables.chunks}, marker)
+    return staging.write_part(part.index, {"docs": tables.docs, "chunks": tables.chunks,
+                                           "tokens": tables.tokens}, marker)
 
 
 def failure_reason(exc: BaseException) -> str:

@@ -172,6 +172,8 @@ def commit_store(job: Job, staging: Staging, parts: Sequence[Partition],
         n_docs=parts[-1].row_stop,
         n_chunks=sum(m["n_chunks"] for m in markers),
         has_chunks="chunks" in job.output.levels,
+        n_tokens=sum(m.get("n_stored_tokens", 0) for m in markers),
+        has_tokens=bool(job.token_views),
     )
     provenance = replace(build_provenance(job, markers, model, fingerprint),
                          input_identity=identity)
@@ -214,6 +216,8 @@ def build_provenance(job: Job, markers: Sequence[dict[str, Any]], model: dict[st
             "tokens_encoded": sum(m["n_encoded"] for m in markers),
             "partitions": len(markers),
             "partition_seconds": round(sum(m["seconds"] for m in markers), 3),
+            **({"tokens_stored": sum(m["n_stored_tokens"] for m in markers)}
+               if job.token_views else {}),
         },
         complete=False,
     )

@@ -1,4 +1,5 @@
-"""Parquet store: a directory with one folder per table, `docs/` and `chunks/`.
+"""Parquet store: a directory with one folder per table, `docs/`, `chunks/` and, for token
+views, `tokens/` (one part file per partition, in row order).
 
 Each folder is a dataset on its own (`docs/part-0.parquet`), so `store/docs/*.parquet`
 is what DuckDB, polars, pandas and `pyarrow.dataset` read, with one schema. Views are
@@ -31,7 +32,7 @@ import pyarrow.parquet as pq
 import xarray as xr
 
 from ..errors import StoreError
-from .base import Layout, column_matrix
+from .base import Layout, column_matrix, with_store_token_offsets
 from .columns import StoredColumns, has_nulls, numpy_dtype, to_numpy
 from .integrity import file_sum, parquet_data_size
 from .provenance import FileSum, is_complete, sealed
@@ -50,6 +51,7 @@ READ_ERRORS = (OSError, pa.ArrowException)
 
 def level_file(root: Path, level: str) -> Path:
     return root / level / PART
+TOKENS_DIR = "tokens"
 
 
 def _write(file: Path, parts: Iterator[pa.Table], provenance: dict[str, Any] | None) -> None:
@@ -153,6 +155,45 @@ def _conformed(staging: Staging, level: str, layout: Layout) -> Iterator[pa.Tabl
         yield columns.conform(table)
 
 
+def _write_tokens(root: Path, staging: Staging, layout: Layout) -> None:
+    """`tokens/part-NNNNNN.parquet`, numbered in row order, written into a temporary folder
+    that replaces `tokens/` whole."""
+    tmp = root / f".{TOKENS_DIR}.{uuid.uuid4().hex}"
+    tmp.mkdir()
+    for k, table in enumerate(_conformed(staging, "tokens", layout)):
+        _write(tmp / f"part-{k:06d}.parquet", iter([table]), None)
+    shutil.rmtree(root / TOKENS_DIR, ignore_errors=True)  # a commit interrupted after it
+    os.replace(tmp, root / TOKENS_DIR)
+
+
+def _parts_dataset(files: Sequence[Path], dim: str) -> xr.Dataset:
+    """Every column of a folder of part files as dask arrays, one block per row group,
+    the files concatenated in the given order."""
+    blocks: dict[str, list[da.Array]] = {}
+    empty: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
+    for file in files:
+        pf = pq.ParquetFile(file)
+        group_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
+        for field in pf.schema_arrow:
+            nulls = False
+            if pa.types.is_fixed_size_list(field.type):
+                width = field.type.list_size
+                dtype = np.dtype(field.type.value_type.to_pandas_dtype())
+                dims: tuple[str, ...] = (dim, f"{field.name}_dim")
+            else:
+                width, dims = 0, (dim,)
+                nulls = has_nulls(pf.metadata, field.name)
+                dtype = numpy_dtype(field.type, nulls)
+            empty.setdefault(field.name, (dims, np.empty((0, width) if width else (0,), dtype)))
+            blocks.setdefault(field.name, []).extend(
+                da.from_delayed(dask.delayed(_read_block)(str(file), g, field.name, nulls),
+                                shape=(rows, width) if width else (rows,), dtype=dtype)
+                for g, rows in enumerate(group_rows))
+    return xr.Dataset({
+        name: (dims, da.concatenate(blocks[name]) if blocks[name] else da.from_array(zero))
+        for name, (dims, zero) in empty.items()})
+
+
 def _metadata(file: Path) -> dict[str, Any] | None:
     raw = (_open(file).schema_arrow.metadata or {}).get(METADATA_KEY)
     return json.loads(raw) if raw else None
@@ -216,6 +257,9 @@ class ParquetFormat:
     def data_files(self, path: str) -> list[str]:
         root = Path(path)
         files = [name for name in LEVEL_FILES if (root / name).is_file()]
+        tokens = root / TOKENS_DIR
+        if tokens.is_dir():
+            files += [f"{TOKENS_DIR}/{f.name}" for f in sorted(tokens.glob("part-*.parquet"))]
         post = root / "post"
         if post.is_dir():
             files += [f"post/{f.name}" for f in sorted(post.glob("*.npz"))
@@ -240,9 +284,12 @@ class ParquetFormat:
     def commit(self, path: str, staging: Staging, layout: Layout,
                provenance: dict[str, Any]) -> None:
         root = Path(path)
+        if layout.has_tokens:
+            _write_tokens(root, staging, layout)
         if layout.has_chunks:
             _write(level_file(root, "chunks"), _conformed(staging, "chunks", layout), None)
-        docs = (t.drop_columns(["row"]) for t in _conformed(staging, "docs", layout))
+        docs = (t.drop_columns(["row"]) for t in
+                with_store_token_offsets(_conformed(staging, "docs", layout)))
         _write(level_file(root, "docs"), docs, provenance)
 
     def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
@@ -252,6 +299,12 @@ class ParquetFormat:
         chunks_file = level_file(root, "chunks")
         chunks = _dataset(chunks_file, "chunk") if chunks_file.exists() else None
         return docs, chunks
+
+    def open_tokens(self, path: str) -> xr.Dataset | None:
+        folder = Path(path) / TOKENS_DIR
+        if not folder.is_dir():
+            return None
+        return _parts_dataset(sorted(folder.glob("part-*.parquet")), "piece")
 
     def add_view(self, path: str, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
                  levels: Sequence[str]) -> None:

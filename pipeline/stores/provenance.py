@@ -114,9 +114,15 @@ class Provenance:
 
     @property
     def views(self) -> list[str]:
-        """Extracted views, then views added by post-processing."""
-        extracted = [v.name for v in self.job.views]
+        """Extracted views with document vectors, then views added by post-processing
+        (token views are in `token_views`)."""
+        extracted = [v.name for v in self.job.views if not v.per_token]
         return extracted + [v for v in self.post if v not in extracted]
+
+    @property
+    def token_views(self) -> list[str]:
+        """Views with pooling: tokens, stored in the tokens level only."""
+        return [v.name for v in self.job.token_views]
 
     def view_spec(self, name: str) -> ViewSpec | None:
         """The job's spec of an extracted view (None for a post-processed one)."""

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from ..fileutil import sha256_file, write_json_atomic
 
 STAGING_DIR = "_bertpipe"
-LEVELS = ("docs", "chunks")
+LEVELS = ("docs", "chunks", "tokens")
 
 
 class Staging:
