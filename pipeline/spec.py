@@ -37,6 +37,7 @@ class ModelSpec:
     path: str
     dtype: str = "auto"
     device: str = "auto"
+    runtime: str = "auto"  # auto | torch | openvino (pipeline/extract/runtime.py)
     max_tokens: int = 512
     allow_pickle: bool = False
     trust_remote_code: bool = False

@@ -38,7 +38,8 @@ def run_partition(extractor: Extractor, staging: Staging, part: Partition,
         "rows": [part.row_start, part.row_stop],
         **tables.stats,
         "device": str(extractor.model.device),
-        "dtype": str(extractor.model.compute_dtype).removeprefix("torch."),
+        "dtype": extractor.runtime.dtype,
+        "runtime": extractor.runtime.name,
         "seconds": time.perf_counter() - start,
     }
     return staging.write_part(part.index, {"docs": tables.docs, "chunks": tables.chunks}, marker)

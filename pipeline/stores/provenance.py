@@ -58,6 +58,7 @@ class Provenance:
     stats: dict[str, float]
     complete: bool
     post: dict[str, PostInfo] = field(default_factory=dict)
+    runtime: list[str] = field(default_factory=lambda: ["torch"])  # what ran the encoder
 
     @property
     def views(self) -> list[str]:
@@ -101,6 +102,7 @@ class Provenance:
                 stats=dict(raw["stats"]),
                 complete=bool(raw.get("complete")),
                 post={k: PostInfo(**v) for k, v in raw.get("post", {}).items()},
+                runtime=list(raw.get("runtime", ["torch"])),  # stores before runtimes: torch
             )
         except (KeyError, TypeError) as exc:
             raise StoreError(f"{where}: damaged provenance ({type(exc).__name__}: {exc})") from None
