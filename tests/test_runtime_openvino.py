@@ -107,6 +107,35 @@ def test_every_view_equals_torch_float32(tiny_bert: Path, texts: list[str], cach
     # the graph returns exactly what the views need: every hidden state, the [CLS] row
     outputs = [o.get_any_name() for o in ex.encoder.forward.compiled.outputs]
     assert outputs == ["hidden_0", "hidden_1", "hidden_2", "cls_attention"]
+    # a cache hit builds no torch model: tokenizer and pooler come from the files
+    again = extractor(tiny_bert, EVERY_VIEW, "openvino")
+    assert again.model.module is rov.WEIGHTLESS
+    assert again.model.max_positions == ex.model.max_positions == 64
+    for view, vectors in again.encode_texts(texts).docs.items():
+        np.testing.assert_array_equal(vectors, got.docs[view], err_msg=view)
+
+
+def test_warm_start_imports_no_torch_model_code(tiny_bert: Path, tmp_path: Path,
+                                               cache: Path) -> None:
+    """With the export cached, a worker starts without transformers' modelling code (the
+    largest import of a cold start) and without the torch weights."""
+    import subprocess
+    import sys
+
+    views = {"p": {"pooling": "pooler"}, "a": {"pooling": "attention"}}
+    extractor(tiny_bert, views, "openvino")  # fills the cache (a cold start imports it all)
+    raw = job_dict(Path("unused.parquet"), tiny_bert, Path("unused.zarr"), views=views)
+    raw["model"]["runtime"] = "openvino"
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps(raw))
+    probe = ("import json, sys; from pipeline.spec import Job; "
+             "from pipeline.extract.partition import Extractor; "
+             f"ex = Extractor(Job.from_dict(json.load(open({str(job_file)!r})))); "
+             "ex.encode_texts(['the drug worked']); "
+             "print(sorted(m for m in sys.modules if m.startswith('transformers.models.bert')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()[-1]
+    assert "configuration_bert" in out and "modeling_bert" not in out, out
 
 
 def test_block_cut_job_exports_only_what_its_view_needs(tiny_bert: Path, texts: list[str],

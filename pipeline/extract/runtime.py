@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -80,10 +80,7 @@ def load_encoder(spec: ModelSpec, config: Any, views: Sequence[ResolvedView],
     from .runtime_openvino import openvino_encoder  # why here: openvino is optional
 
     wanted = dtype_name(resolve_dtype(spec.dtype, torch.device("cpu")))
-    # The export is made from the float32 weights; OpenVINO applies the precision itself.
-    model = load_model(replace(spec, dtype="float32", device="cpu"),
-                       keep_layers=needs.blocks_to_run, need_pooler=needs.pooler)
-    encoder = openvino_encoder(spec, model, views, needs, wanted)
+    model, encoder = openvino_encoder(spec, config, views, needs, wanted)
     actual = encoder.forward.precision
     if actual != wanted:
         log.info("model.dtype: openvino runs %s on this CPU (asked for %s)", actual, wanted)
