@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -317,7 +318,7 @@ def test_auto_picks_openvino_for_bert_and_torch_for_others(
         ex = extractor(tiny_distilbert, {"m": {"pooling": "mean"}}, "auto")
     assert ex.runtime.name == "torch"
     assert any("distilbert runs on torch" in r.getMessage() for r in caplog.records)
-    with pytest.raises(ModelError, match="openvino supports BERT checkpoints, not distilbert"):
+    with pytest.raises(ModelError, match="openvino supports BERT encoders, not distilbert"):
         extractor(tiny_distilbert, {"m": {"pooling": "mean"}}, "openvino")
 
 
@@ -330,19 +331,28 @@ def test_openvino_for_another_family_is_one_clear_error(tmp_path: Path, tiny_dis
     assert_user_error(extract(tmp_path, job), 4, "model.runtime", "not distilbert")
 
 
+BERT = SimpleNamespace(model_type="bert", is_decoder=False)
+
+
 def test_cuda_and_missing_openvino(tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = Job.from_dict(job_dict(Path("x.parquet"), tiny_bert, Path("o.zarr"))).model
     from dataclasses import replace
 
     monkeypatch.setattr(runtime_mod, "resolve_device", lambda name: torch.device("cuda"))
-    assert runtime_mod.choose_runtime(replace(spec, runtime="auto"), "bert") == "torch"
+    assert runtime_mod.choose_runtime(replace(spec, runtime="auto"), BERT) == "torch"
     with pytest.raises(ModelError, match="openvino runs on the CPU"):
-        runtime_mod.choose_runtime(replace(spec, runtime="openvino"), "bert")
+        runtime_mod.choose_runtime(replace(spec, runtime="openvino"), BERT)
     monkeypatch.setattr(runtime_mod, "resolve_device", lambda name: torch.device("cpu"))
     monkeypatch.setattr(runtime_mod, "openvino_installed", lambda: False)
-    assert runtime_mod.choose_runtime(replace(spec, runtime="auto"), "bert") == "torch"
+    assert runtime_mod.choose_runtime(replace(spec, runtime="auto"), BERT) == "torch"
     with pytest.raises(ModelError, match="openvino is not installed"):
-        runtime_mod.choose_runtime(replace(spec, runtime="openvino"), "bert")
+        runtime_mod.choose_runtime(replace(spec, runtime="openvino"), BERT)
+    # a BERT configured as a causal decoder: the export's padding-only mask would be wrong
+    decoder = SimpleNamespace(model_type="bert", is_decoder=True)
+    monkeypatch.setattr(runtime_mod, "openvino_installed", lambda: True)
+    assert runtime_mod.choose_runtime(replace(spec, runtime="auto"), decoder) == "torch"
+    with pytest.raises(ModelError, match=r"not bert \(decoder\)"):
+        runtime_mod.choose_runtime(replace(spec, runtime="openvino"), decoder)
 
 
 # ---- the real model ----------------------------------------------------------------------

@@ -41,13 +41,21 @@ def openvino_installed() -> bool:
     return importlib.util.find_spec("openvino") is not None
 
 
-def choose_runtime(spec: ModelSpec, model_type: str) -> str:
+def openvino_supports(config: Any) -> bool:
+    """BERT encoders: the export wraps BertModel's own embeddings and blocks with a padding
+    mask (a BERT configured as a causal decoder would need another)."""
+    return str(config.model_type) == "bert" and not getattr(config, "is_decoder", False)
+
+
+def choose_runtime(spec: ModelSpec, config: Any) -> str:
     """`torch` or `openvino` for this job on this machine; an error where the job asks
     for OpenVINO and it cannot run, never a silent switch."""
     if spec.runtime == "torch":
         return "torch"
     on_cuda = resolve_device(spec.device).type == "cuda"
-    supported = model_type == "bert"  # the export wraps BertModel's own blocks
+    supported = openvino_supports(config)
+    kind = str(config.model_type) + (" (decoder)" if getattr(config, "is_decoder", False)
+                                     else "")
     if spec.runtime == "openvino":
         if on_cuda:
             raise ModelError("model.runtime: openvino runs on the CPU; set model.device: cpu, "
@@ -56,14 +64,14 @@ def choose_runtime(spec: ModelSpec, model_type: str) -> str:
             raise ModelError("model.runtime: openvino is not installed "
                              "(pip install 'bertpipe[openvino]'), or use model.runtime: torch")
         if not supported:
-            raise ModelError(f"model.runtime: openvino supports BERT checkpoints, not "
-                             f"{model_type}; use model.runtime: torch")
+            raise ModelError(f"model.runtime: openvino supports BERT encoders, not {kind}; "
+                             "use model.runtime: torch")
         return "openvino"
     if on_cuda or not openvino_installed():
         return "torch"
     if not supported:
         log.info("model.runtime auto: %s runs on torch (the openvino runtime supports BERT "
-                 "checkpoints)", model_type)
+                 "encoders)", kind)
         return "torch"
     return "openvino"
 
@@ -71,7 +79,7 @@ def choose_runtime(spec: ModelSpec, model_type: str) -> str:
 def load_encoder(spec: ModelSpec, config: Any, views: Sequence[ResolvedView],
                  needs: ForwardNeeds) -> tuple[LoadedModel, Encoder, Runtime]:
     """The loaded model, the encoder that runs it, and the runtime actually used."""
-    name = choose_runtime(spec, str(config.model_type))
+    name = choose_runtime(spec, config)
     if name == "torch":
         model = load_model(spec, keep_layers=needs.blocks_to_run, need_pooler=needs.pooler)
         runtime = Runtime("torch", dtype_name(model.compute_dtype))

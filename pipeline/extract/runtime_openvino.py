@@ -71,11 +71,6 @@ HINTS = {v: k for k, v in PRECISIONS.items()}
 exports_made = 0
 
 
-def supports(model_type: str) -> bool:
-    """BertModel checkpoints: the wrapper calls BERT's embeddings and blocks directly."""
-    return model_type == "bert"
-
-
 def cache_root() -> Path:
     """Where exported models live: `$BERTPIPE_CACHE_DIR/openvino`, default
     `~/.cache/bertpipe/openvino`."""
