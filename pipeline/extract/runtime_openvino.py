@@ -165,7 +165,7 @@ def _telemetry_off() -> Iterator[None]:
     try:
         stub = importlib.import_module("openvino.tools.ovc.telemetry_stub")
         users: list[Any] = [importlib.import_module(f"openvino.tools.ovc.{name}")
-                 for name in ("convert_impl", "telemetry_utils", "utils")]
+                            for name in ("convert_impl", "telemetry_utils", "utils")]
     except ImportError:
         yield
         return
