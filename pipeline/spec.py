@@ -58,6 +58,7 @@ class ModelSpec:
     path: str
     dtype: str = "auto"
     device: str = "auto"
+    runtime: str = "auto"  # auto | torch | openvino (pipeline/extract/runtime.py)
     max_tokens: int | None = None  # None: the model's own limit
     allow_pickle: bool = False
     trust_remote_code: bool = False

@@ -27,6 +27,9 @@ from .views import ForwardNeeds, PoolContext, ResolvedView
 
 
 class Encoder:
+    # on_batch(batches done, batches planned) after each forward pass: progress only
+    on_batch: Callable[[int, int], None] | None = None
+
     def __init__(self, model: LoadedModel, views: Sequence[ResolvedView], needs: ForwardNeeds):
         self.model = model
         self.views = list(views)
@@ -38,8 +41,6 @@ class Encoder:
         self._cls_attention: _ClsAttention | None = None
         if needs.cls_attention:
             self._cls_attention = _ClsAttention(model)
-        # on_batch(batches done, batches planned) after each forward pass: progress only
-        self.on_batch: Callable[[int, int], None] | None = None
 
     def encode(self, sequences: Sequence[Sequence[int]], batching: BatchingSpec,
                keep: Sequence[tuple[int, int]] | None = None) -> dict[str, np.ndarray]:

@@ -15,7 +15,8 @@ from ..spec import Job
 from .aggregate import aggregate_chunks
 from .chunking import ChunkedPartition, Specials, chunk_partition, content_budget
 from .encode import Encoder
-from .model import LoadedModel, load_config, load_model
+from .model import LoadedModel, load_config
+from .runtime import Runtime, load_encoder
 from .source import Partition, read_partition
 from .tokens import kept_positions, token_columns, token_counts
 from .views import ForwardNeeds, ResolvedView, forward_needs, resolve_views
@@ -41,10 +42,11 @@ class Extractor:
         self.views: list[ResolvedView] = resolve_views(job.views, n_layers,
                                                        int(config.hidden_size))
         self.needs: ForwardNeeds = forward_needs(self.views, n_layers)
-        self.model: LoadedModel = load_model(job.model, keep_layers=self.needs.blocks_to_run,
-                                             need_pooler=self.needs.pooler,
-                                             need_cls_attention=self.needs.cls_attention)
-        self.encoder = Encoder(self.model, self.views, self.needs)
+        self.model: LoadedModel
+        self.encoder: Encoder
+        self.runtime: Runtime  # torch or openvino, and the dtype it computes in
+        self.model, self.encoder, self.runtime = load_encoder(job.model, config, self.views,
+                                                              self.needs)
         self.specials = Specials.from_tokenizer(self.model.tokenizer)
         self.budget = content_budget(job.chunking, job.model.max_tokens,
                                      self.model.max_positions, self.specials)

@@ -204,9 +204,10 @@ def build_provenance(job: Job, markers: Sequence[dict[str, Any]], model: dict[st
         job=job,
         model=ModelInfo(**model),
         versions={"bertpipe": __version__, "torch": torch.__version__,
-                  "transformers": transformers.__version__},
+                  "transformers": transformers.__version__, **runtime_versions(markers)},
         device=sorted({m["device"] for m in markers}),
         dtype=sorted({m["dtype"] for m in markers}),
+        runtime=sorted({m.get("runtime", "torch") for m in markers}),
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         stats={
             "rows": sum(m["rows"][1] - m["rows"][0] for m in markers),
@@ -221,6 +222,14 @@ def build_provenance(job: Job, markers: Sequence[dict[str, Any]], model: dict[st
         },
         complete=False,
     )
+
+
+def runtime_versions(markers: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Versions of the optional runtimes that ran partitions (torch is always recorded)."""
+    from importlib.metadata import version
+
+    used = {m.get("runtime", "torch") for m in markers} - {"torch"}
+    return {name: version(name) for name in sorted(used)}
 
 
 def executor_for(job: Job, say: Callable[[str], None] = log.info,

@@ -111,6 +111,7 @@ class Provenance:
     # file path inside the store -> its checksum; recorded when the store is marked complete
     # (empty in stores written before checksums existed)
     checksums: dict[str, FileSum] = field(default_factory=dict)
+    runtime: list[str] = field(default_factory=lambda: ["torch"])  # what ran the encoder
 
     @property
     def views(self) -> list[str]:
@@ -162,6 +163,7 @@ class Provenance:
                 post={k: PostInfo(**v) for k, v in raw.get("post", {}).items()},
                 input_identity=input_identity_of(raw),
                 checksums=recorded_checksums(raw),
+                runtime=list(raw.get("runtime", ["torch"])),  # stores before runtimes: torch
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"{where}: damaged provenance ({type(exc).__name__}: {exc})") from None
