@@ -36,7 +36,8 @@ Exit codes:
   0  success
   1  any other error
   2  job file invalid (JobError: the message names the key)
-  3  input table unusable (InputError: names the file, column or row)
+  3  input table or probe labels unusable (InputError, ProbeError: names the file,
+     column or row)
   4  model cannot be loaded or lacks what a view needs (ModelError)
   5  store missing, incomplete, damaged, of another job or newer format (StoreError)
   6  partitions failed; the others are kept for a rerun (PartitionError)
