@@ -65,7 +65,8 @@ Exit codes:
   0  success
   1  any other error
   2  job file or option invalid (JobError, OptionError: names the key or option)
-  3  input table unusable (InputError: names the file, column or row)
+  3  input table or probe labels unusable (InputError, ProbeError: names the file,
+     column or row)
   4  model cannot be loaded or lacks what a view needs (ModelError)
   5  store missing, incomplete, damaged, of another job or newer format (StoreError)
   6  partitions failed; the others are kept for a rerun (PartitionError)
@@ -503,14 +504,14 @@ def attention(job_file: str, overrides: tuple[str, ...], row_id: str | None, chu
       bertpipe attention jobs/reviews.yaml --id 48134 --layers 0,5 --out out/att
       bertpipe attention jobs/reviews.yaml --summary --sample 200 --out out/att
     """
-    from .analysis.attention import AttentionError, attention_for_row, summarize_heads
+    from .analysis.attention import attention_for_row, summarize_heads
     from .spec import load_job
 
     if summary == (row_id is not None):
-        raise AttentionError("give either --id ID (one row's maps) or --summary (statistics "
+        raise OptionError("give either --id ID (one row's maps) or --summary (statistics "
                              "over --sample rows)")
     if summary and chunk:
-        raise AttentionError("--chunk: applies to one row (--id); --summary uses each "
+        raise OptionError("--chunk: applies to one row (--id); --summary uses each "
                              "sampled row's first chunk")
     job = load_job(job_file, overrides)
     if summary:
