@@ -283,3 +283,25 @@ def synthetic_store(path: Path, informative_layer: int = 2, seed: int = 0,
     format_named("zarr").create(str(path), {"complete": False})
     format_named("zarr").commit(str(path), staging, Layout([0], n, 0, False), provenance)
     return pipeline.open_store(path)
+
+
+def chromium() -> str:
+    """Debian's chromium for rendering HTML reports; the test skips, saying why, without it."""
+    import shutil
+
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if path := shutil.which(name):
+            return path
+    pytest.skip("no chromium installed (apt-get install -y chromium) to render the page")
+
+
+def headless(page: Path, tmp_path: Path, *args: str) -> Any:
+    """Run headless chromium on a local page (no network, a fresh profile); logs the page's
+    console to stderr so a test can check it for errors."""
+    import subprocess
+
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--no-first-run", "--disable-component-update", "--disable-sync",
+             "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'profile'}"]
+    return subprocess.run([chromium(), *flags, *args, page.as_uri()], capture_output=True,
+                          text=True, timeout=120, check=True)

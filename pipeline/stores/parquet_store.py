@@ -98,27 +98,7 @@ def _open(file: Path | str) -> pq.ParquetFile:
 
 def _dataset(file: Path, dim: str) -> xr.Dataset:
     """Every column as a dask array read lazily, one block per row group."""
-    pf = _open(file)
-    group_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
-    variables = {}
-    for field in pf.schema_arrow:
-        nulls = False
-        if pa.types.is_fixed_size_list(field.type):
-            width = field.type.list_size
-            dtype = np.dtype(field.type.value_type.to_pandas_dtype())
-            dims: tuple[str, ...] = (dim, f"{field.name}_dim")
-        else:
-            width, dims = 0, (dim,)
-            nulls = has_nulls(pf.metadata, field.name)
-            dtype = numpy_dtype(field.type, nulls)
-        blocks = [
-            da.from_delayed(dask.delayed(_read_block)(str(file), g, field.name, nulls),
-                            shape=(rows, width) if width else (rows,), dtype=dtype)
-            for g, rows in enumerate(group_rows)
-        ]
-        empty = np.empty((0, width) if width else (0,), dtype)
-        variables[field.name] = (dims, da.concatenate(blocks) if blocks else da.from_array(empty))
-    return xr.Dataset(variables)
+    return _parts_dataset([file], dim)
 
 
 def _read_block(file: str, group: int, column: str, nulls: bool) -> np.ndarray:
@@ -172,7 +152,7 @@ def _parts_dataset(files: Sequence[Path], dim: str) -> xr.Dataset:
     blocks: dict[str, list[da.Array]] = {}
     empty: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
     for file in files:
-        pf = pq.ParquetFile(file)
+        pf = _open(file)
         group_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
         for field in pf.schema_arrow:
             nulls = False
