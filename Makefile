@@ -39,7 +39,7 @@ test: install
 	$(BIN)/pytest -q
 
 test-fast: install
-	$(BIN)/pytest -q -m "not slow and not cluster"
+	$(BIN)/pytest -q -m "not slow and not cluster and not table"
 
 # ruff, mypy, and the layer contract in pyproject.toml ([tool.importlinter])
 lint: install

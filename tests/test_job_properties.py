@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from pipeline.cli import main
 from tests.conftest import write_table
 
+pytestmark = pytest.mark.table  # hundreds of CLI runs: make test, not make test-fast
+
 N_LAYERS = 2  # the tiny BERT: hidden states 0..2, hidden size 32, 64 positions
 SAFE_NAMES = st.from_regex(r"\A[a-z][a-z0-9_]{0,10}\Z").filter(
     lambda n: n not in {"id", "ids", "row", "doc", "docs", "chunk", "chunks", "seq", "start",
