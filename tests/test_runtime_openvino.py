@@ -116,6 +116,7 @@ def test_every_view_equals_torch_float32(tiny_bert: Path, texts: list[str], cach
         np.testing.assert_array_equal(vectors, got.docs[view], err_msg=view)
 
 
+@pytest.mark.slow  # two fresh interpreters importing the runtime
 def test_warm_start_imports_no_torch_model_code(tiny_bert: Path, tmp_path: Path,
                                                cache: Path) -> None:
     """With the export cached, a worker starts without transformers' modelling code (the

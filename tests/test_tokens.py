@@ -263,6 +263,7 @@ LONG = (" ".join(["the drug worked very well for my pain and sleep."] * 3) + "\n
 CHUNK_TOKENS, OVERLAP = 24, 6
 
 
+@pytest.mark.slow  # a long chunked document through both formats
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_chunked_document_stores_each_token_once(fmt: str, tiny_bert: Path, oracle: Oracle,
                                                  tmp_path: Path) -> None:
