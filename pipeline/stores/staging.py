@@ -29,9 +29,12 @@ LEVELS = ("docs", "chunks", "tokens")
 
 
 class Staging:
-    def __init__(self, store_path: str | Path):
+    """The staging area of a store; `area` names the folder of parts (`parts` for the
+    partitions a run encodes, another name for parts assembled from them)."""
+
+    def __init__(self, store_path: str | Path, area: str = "parts"):
         self.root = Path(store_path) / STAGING_DIR
-        self.parts = self.root / "parts"
+        self.parts = self.root / area
 
     @property
     def exists(self) -> bool:
@@ -101,3 +104,7 @@ class Staging:
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+    def remove_parts(self) -> None:
+        """Empty this area's folder of parts (the rest of the staging area stays)."""
+        shutil.rmtree(self.parts, ignore_errors=True)
