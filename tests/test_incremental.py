@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 import xarray as xr
@@ -37,6 +38,7 @@ from pipeline.errors import InputError, JobError, PartitionError, StoreError
 from pipeline.run.executors import InProcessExecutor
 from pipeline.run.runner import run_job
 from pipeline.spec import Job, PostSpec
+from pipeline.stores.verify import verify_store
 from tests.conftest import REVIEWS, job_dict, write_job
 
 FORMATS = list(pipeline.stores.FORMATS)
@@ -254,6 +256,11 @@ def _snapshot(path: str) -> dict[str, Any]:
             "chunks": store.vectors("mean", "chunks")}
 
 
+def _snapshot_rows(job: Job) -> int:
+    """Chunks in a job's store (what a half-done switch changes first)."""
+    return int(pipeline.open_store(job.output.path).chunks.sizes["chunk"])
+
+
 def _assert_snapshot(path: str, before: dict[str, Any]) -> None:
     now = _snapshot(path)
     assert (now["version"], now["rows"]) == (before["version"], before["rows"])
@@ -300,16 +307,49 @@ def test_failed_partition_and_failed_switch_leave_the_previous_version(
     monkeypatch.setattr(type(pipeline.stores.format_named(fmt)), "publish", killed)
     with pytest.raises(KeyboardInterrupt):
         run_job(job, incremental=True)
-    assert (Path(job.output.path) / "versions" / "1").is_dir()  # written, not published
+    written = (Path(job.output.path) / "versions" / "1" if fmt == "zarr" else
+               Path(job.output.path) / "_bertpipe" / "next" / "docs" / "part-0.parquet")
+    assert written.exists()  # written, not published
     _assert_snapshot(job.output.path, before)
+    assert verify_store(job.output.path) == []  # the previous version still proves itself
     if fmt == "zarr":  # plain xarray, too, still reads the first version
         plain = xr.open_zarr(job.output.path, group="docs")
         np.testing.assert_array_equal(plain["mean"].values, before["mean"])
+    else:
+        assert len(pd.read_parquet(Path(job.output.path) / "docs")) == BASE_ROWS
     monkeypatch.undo()
     summary = run_job(job, incremental=True)
     assert summary.run == 0 and summary.skipped >= 3 and summary.encoded == 170
     assert_same_rows(pipeline.open_store(job.output.path), pipeline.open_store(scratch[fmt]),
                      ["mean", "cls"])
+    assert verify_store(job.output.path) == []
+
+
+def test_parquet_switch_killed_between_its_renames_is_finished_by_the_next_run(
+        tmp_path: Path, base_stores: dict[str, Job], scratch: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Parquet switch is two renames (chunks, then docs): killed between them, the next
+    run finishes it from the sealed staged docs file, encoding nothing."""
+    job = _base_store(tmp_path, base_stores, "parquet")
+    real_replace = os.replace
+
+    def dies_on_docs(src: Any, dst: Any) -> None:
+        if str(src).endswith("_bertpipe/next/docs/part-0.parquet"):
+            raise KeyboardInterrupt  # the docs file's rename, after the chunks file's
+        real_replace(src, dst)
+
+    monkeypatch.setattr(pipeline.stores.parquet_store.os, "replace", dies_on_docs)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(job, incremental=True)
+    monkeypatch.undo()
+    chunks = pq.ParquetFile(Path(job.output.path) / "chunks" / "part-0.parquet")
+    assert chunks.metadata.num_rows != _snapshot_rows(base_stores["parquet"])  # switched
+    summary = run_job(job, incremental=True)
+    assert summary.already_complete and summary.encoded == 0 and summary.version == 1
+    store = pipeline.open_store(job.output.path)
+    assert store.provenance.version == 1
+    assert_same_rows(store, pipeline.open_store(scratch["parquet"]), ["mean", "cls"])
+    assert verify_store(job.output.path) == []
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -344,19 +384,27 @@ def test_readers_see_one_version(fmt: str, tmp_path: Path,
             xr.open_zarr(path, group="docs")  # retired: never the stale first version
         plain = xr.open_zarr(path, group="versions/1/docs")
         np.testing.assert_array_equal(plain["mean"].values, new.vectors("mean"))
+        assert plain["mean"].attrs["pooling"] == "mean" and "id" in plain.coords
         group = zarr.open_group(path, mode="r").attrs["bertpipe"]["version"]
         assert group == 1
-    else:
-        frame = pd.read_parquet(Path(path) / "docs.parquet")
+    else:  # the table folders hold the current version: a plain glob reads it
+        frame = pd.read_parquet(Path(path) / "docs")
         assert len(frame) == BASE_ROWS + NEW_ROWS
         np.testing.assert_allclose(np.stack(frame["mean"].to_numpy()), new.vectors("mean"))
+        assert pads.dataset(Path(path) / "chunks").count_rows() == new.chunks.sizes["chunk"]
+    assert verify_store(path) == []
     # the next update removes the retired version's data; the current one stays readable
     pq.write_table(pa.concat_tables([_updated(), _reviews().slice(550, 5)]),
                    job.input.path)
     assert run_job(job, incremental=True).encoded == 5
-    assert not (Path(path) / "docs").exists() and not (Path(path) / "chunks.parquet").exists()
-    assert sorted(p.name for p in (Path(path) / "versions").iterdir()
-                  if p.is_dir()) == ["1", "2"]
+    if fmt == "zarr":
+        assert not (Path(path) / "docs").exists()
+        assert sorted(p.name for p in (Path(path) / "versions").iterdir()
+                      if p.is_dir()) == ["1", "2"]
+    else:
+        assert sorted(p.name for p in Path(path).iterdir()) == ["chunks", "docs"]
+        assert [p.name for p in (Path(path) / "docs").iterdir()] == ["part-0.parquet"]
+    assert verify_store(path) == []
 
 
 # --- refusals: nothing is written ---------------------------------------------------------
@@ -433,10 +481,11 @@ def test_store_without_digests_is_refused(tmp_path: Path, tiny_bert: Path) -> No
     pq.write_table(_reviews().slice(0, 10), source)
     job = _job(tiny_bert, source, tmp_path / "old.zarr", "zarr")
     run_job(job)
-    # as an older bertpipe wrote it: no text digests
+    # as an older bertpipe wrote it: no text digests (checksums sealed again without them)
     root = zarr.open_group(job.output.path, mode="a", use_consolidated=False)
     del root["docs"]["text_sha256"]
-    zarr.consolidate_metadata(job.output.path)
+    fmt = pipeline.stores.format_named("zarr")
+    fmt.update_provenance(job.output.path, fmt.read_provenance(job.output.path) or {})
     pq.write_table(_reviews().slice(0, 12), source)
     with pytest.raises(StoreError, match="without text digests.*--overwrite"):
         run_job(job, incremental=True)
