@@ -12,7 +12,7 @@ export TRANSFORMERS_VERBOSITY := error
 PEER_VENV  := benchmarks/work/peer-venv
 PEER_MODEL := benchmarks/work/peer-model
 
-.PHONY: install model demo test test-fast lint peers bench bench-chunking bench-scaling bench-gpu clean
+.PHONY: install model demo test test-fast lint schemas check-wheel peers bench bench-chunking bench-scaling bench-gpu clean
 
 install: $(VENV)/.installed
 
@@ -39,13 +39,21 @@ test: install
 	$(BIN)/pytest -q
 
 test-fast: install
-	$(BIN)/pytest -q -m "not slow and not cluster"
+	$(BIN)/pytest -q -m "not slow and not cluster and not table"
 
 # ruff, mypy, and the layer contract in pyproject.toml ([tool.importlinter])
 lint: install
 	$(BIN)/ruff check pipeline tests benchmarks
 	$(BIN)/mypy pipeline
 	$(BIN)/lint-imports
+
+# schemas/ is the source; the package ships a copy (tests/test_packaging.py checks they match).
+schemas:
+	cp schemas/*.json pipeline/schemas/
+
+# The built wheel in a fresh venv (not editable), run from outside the repository.
+check-wheel: install model
+	PYTHON=$(PYTHON) TORCH="$(TORCH)" bash tests/packaging/check_wheel.sh
 
 # The peers: sentence-transformers' PyTorch, ONNX Runtime and OpenVINO backends in a venv of
 # their own (their extras pull transformers 4.x) and their model exports, made once, untimed.

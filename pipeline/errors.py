@@ -16,6 +16,12 @@ class JobError(BertpipeError):
     exit_code = 2
 
 
+class OptionError(BertpipeError):
+    """A command option or API argument is out of range; the message names it."""
+
+    exit_code = 2
+
+
 class InputError(BertpipeError):
     """The input table is unusable; the message names the file, column or row."""
 
@@ -38,3 +44,9 @@ class PartitionError(BertpipeError):
     """One or more partitions failed; the others were written and kept."""
 
     exit_code = 6
+
+
+class SchedulerError(BertpipeError):
+    """The Dask scheduler cannot be reached, or the connection to it was lost."""
+
+    exit_code = 7

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +21,28 @@ import yaml
 
 from .errors import JobError
 
-SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+# The schemas ship inside the package (an installed wheel has no source tree); the
+# top-level schemas/ is their source, and a test keeps the two copies identical.
+SCHEMA_DIR = resources.files("pipeline") / "schemas"
 JOB_SCHEMA_PATH = SCHEMA_DIR / "job.schema.json"
 
 LayerSelection = tuple[int, ...] | str  # explicit indices, or "all"
+
+# Names a user gives (views, post-processed views, carried columns) become array names,
+# Parquet columns and file names: letters, digits and _ only, so never a path component.
+NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+NAME_RULE = "use letters, digits and _, starting with a letter or _, at most 64 characters"
+# What the stores write themselves (arrays, columns, dimensions, folders); compared without
+# case, because a case-insensitive filesystem would put `Status` and `status` in one folder.
+STORE_FIELDS = frozenset({
+    "id", "ids", "row", "doc", "docs", "chunk", "chunks", "seq", "start", "end", "n_tokens",
+    "n_chunks", "truncated", "status", "post", "index", "_bertpipe",
+    "n_unk", "n_words", "n_fragmented",  # vocabulary fit, per row
+    # the token level (views with pooling: tokens)
+    "tokens", "token", "token_id", "token_offset", "token_count", "position", "piece",
+})
+TOKEN_POOLING = "tokens"  # a view that keeps one vector per token instead of pooling
+DIM_SUFFIX = "_dim"  # a view's second dimension is `<view>_dim`
 
 
 @dataclass(frozen=True)
@@ -38,7 +59,7 @@ class ModelSpec:
     dtype: str = "auto"
     device: str = "auto"
     runtime: str = "auto"  # auto | torch | openvino (pipeline/extract/runtime.py)
-    max_tokens: int = 512
+    max_tokens: int | None = None  # None: the model's own limit
     allow_pickle: bool = False
     trust_remote_code: bool = False
 
@@ -73,6 +94,11 @@ class ViewSpec:
     gamma: float = 1.0
     normalize: bool = False
     post: PostSpec | None = None  # fitted on the documents at the end of the run
+
+    @property
+    def per_token(self) -> bool:
+        """A token view: one vector per word piece, stored in the tokens level only."""
+        return self.pooling == TOKEN_POOLING
 
 
 @dataclass(frozen=True)
@@ -155,6 +181,11 @@ class Job:
         blob = json.dumps(content, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
+    @property
+    def token_views(self) -> tuple[ViewSpec, ...]:
+        """Views with pooling: tokens (their vectors go to the tokens level only)."""
+        return tuple(v for v in self.views if v.per_token)
+
     def view(self, name: str) -> ViewSpec:
         for v in self.views:
             if v.name == name:
@@ -165,17 +196,19 @@ class Job:
 def load_job(path: str | Path, overrides: tuple[str, ...] = ()) -> Job:
     """Read a YAML job file, apply `key.sub=value` overrides, validate, resolve."""
     path = Path(path)
+    if path.is_dir():
+        raise JobError(f"{path}: is a directory, not a job file")
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise JobError(f"{path}: cannot read job file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise JobError(f"{path}: not a text file (byte {exc.start} is not UTF-8); a job file "
+                       "is YAML text") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = parse_yaml(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise JobError(f"{path}: malformed YAML{where}: {problem}") from None
+        raise JobError(f"{path}: malformed YAML{_yaml_problem(exc)}") from None
     if not isinstance(raw, dict):
         raise JobError(f"{path}: a job file must be a mapping with input, model, views, output")
     for item in overrides:
@@ -199,9 +232,42 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
             raise JobError(f"--set {key}: {part!r} is not a mapping")
         node = child
     try:
-        node[parts[-1]] = yaml.safe_load(value)
-    except yaml.YAMLError:
-        raise JobError(f"--set {key}: value {value!r} is not valid YAML") from None
+        node[parts[-1]] = parse_yaml(value)
+    except yaml.YAMLError as exc:
+        raise JobError(f"--set {key}: value {value!r} is not valid YAML"
+                       f"{_yaml_problem(exc)}") from None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping with the same key twice (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, list | dict):
+                continue  # unhashable keys: the schema refuses them with their path
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {seen[key]})",
+                    key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML as the job loader reads it: safe types only, duplicate keys refused."""
+    return yaml.load(text, Loader=_StrictLoader)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(exc, "problem", None) or "invalid YAML"
+    return f"{where}: {problem}"
 
 
 def validate_job_dict(raw: dict[str, Any]) -> None:
@@ -226,6 +292,11 @@ def _short_message(err: jsonschema.ValidationError) -> str:
         return f"{err.message}; allowed keys: {', '.join(allowed)}"
     if err.validator == "oneOf" and err.path and err.path[-1] == "layers":
         return f"{err.instance!r} is not valid: use 'all', an integer, or a list of integers"
+    if err.validator == "pattern" and isinstance(err.instance, str):
+        return f"{err.instance!r} is not a valid name: {NAME_RULE}"
+    if err.validator in ("minimum", "maximum") and isinstance(err.instance, float) \
+            and not math.isfinite(err.instance):
+        return f"{err.instance!r} is not a finite number"
     return err.message
 
 
@@ -234,6 +305,9 @@ def _view_from_dict(name: str, body: dict[str, Any]) -> ViewSpec:
     if isinstance(layers, int):
         layers = [layers]
     weights = body.get("weights")
+    # (a value equal to the default is what `to_dict` writes back, so it is not refused)
+    if body.get("gamma", 1.0) != 1.0 and body.get("combine") != "scalar_mix":
+        raise JobError(f"views.{name}.gamma: only used with combine scalar_mix")
     return ViewSpec(
         name=name,
         pooling=body["pooling"],
@@ -242,23 +316,77 @@ def _view_from_dict(name: str, body: dict[str, Any]) -> ViewSpec:
         weights=tuple(float(w) for w in weights) if weights is not None else None,
         gamma=float(body.get("gamma", 1.0)),
         normalize=bool(body.get("normalize", False)),
-        post=_post_from(body.get("post")),
+        post=_post_from(body.get("post"), f"views.{name}.post"),
     )
 
 
-def _post_from(raw: str | dict[str, Any] | None) -> PostSpec | None:
+def _post_from(raw: str | dict[str, Any] | None, key: str) -> PostSpec | None:
     if raw is None:
         return None
     body: dict[str, Any] = {"method": raw} if isinstance(raw, str) else dict(raw)
+    if body.get("dims") is not None and body["method"] != "whiten":
+        raise JobError(f"{key}.dims: only used with method whiten")
+    if body.get("d", 1) != 1 and body["method"] != "abtt":
+        raise JobError(f"{key}.d: only used with method abtt")
     return PostSpec(method=body["method"], dims=body.get("dims"), d=int(body.get("d", 1)),
                     normalize=bool(body.get("normalize", False)))
 
 
+def check_name(name: str, key: str) -> None:
+    """A user-given name is safe as an array, column and file name."""
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise JobError(f"{key}: {name!r} is not a valid name: {NAME_RULE}")
+    if name.endswith(DIM_SUFFIX):
+        raise JobError(f"{key}: {name!r} ends in {DIM_SUFFIX!r}, which the store uses for a "
+                       "view's second dimension; choose another name")
+
+
+def check_new_name(name: str, key: str, taken: dict[str, str]) -> None:
+    """`name` is safe and shadows neither a store field nor a name in `taken` (name -> what
+    it is), compared without case."""
+    check_name(name, key)
+    folded = name.casefold()
+    if folded in STORE_FIELDS:
+        raise JobError(f"{key}: {name!r} is a field the store writes itself "
+                       f"({', '.join(sorted(STORE_FIELDS))}); choose another name")
+    for other, what in taken.items():
+        if other.casefold() == folded:
+            raise JobError(f"{key}: {name!r} collides with {what} {other!r}; names must differ "
+                           "(case is ignored)")
+
+
+def job_names(job: Job) -> dict[str, str]:
+    """The names a job's store holds beside its own fields: name -> what it is."""
+    names = {c: "carried column" for c in job.input.carry_columns}
+    names.update({v.name: "view" for v in job.views})
+    if job.input.text_column not in names:
+        names[job.input.text_column] = "input.text_column (search shows it)"
+    return names
+
+
+def _check_names(job: Job) -> None:
+    taken: dict[str, str] = {}
+    if job.input.text_column not in job.input.carry_columns:
+        taken[job.input.text_column] = "input.text_column (search shows it)"
+    for i, column in enumerate(job.input.carry_columns):
+        check_new_name(column, f"input.carry_columns.{i}", taken)
+        taken[column] = "carried column"
+    for view in job.views:
+        check_new_name(view.name, f"views.{view.name}", taken)
+        taken[view.name] = "view"
+
+
 def _check_consistency(job: Job) -> None:
     """Rules that span keys, which the schema cannot say."""
+    _check_names(job)
     for v in job.views:
         key = f"views.{v.name}"
         n = None if v.layers == "all" else len(v.layers)
+        if v.weights is not None and not all(math.isfinite(w) for w in v.weights):
+            raise JobError(f"{key}.weights: {list(v.weights)} must be finite numbers "
+                           "(no NaN or infinity)")
+        if not math.isfinite(v.gamma):
+            raise JobError(f"{key}.gamma: {v.gamma} must be a finite number")
         if v.combine == "none" and n != 1:
             raise JobError(f"{key}.combine: several layers need a combine (mean, sum, concat, "
                            "weighted, scalar_mix)")
@@ -272,12 +400,15 @@ def _check_consistency(job: Job) -> None:
         if v.pooling == "pooler" and (v.layers != (-1,) or v.combine != "none"):
             raise JobError(f"{key}.layers: the pooler is defined on the last layer only; "
                            "drop layers/combine for pooling: pooler")
+        if v.pooling == TOKEN_POOLING and v.post is not None:
+            raise JobError(f"{key}.post: post-processing is fitted on document vectors and a "
+                           "pooling: tokens view stores token vectors only; drop post")
     if "://" in job.output.path:
         raise JobError("output.path: object-store URLs are not supported; use a local or "
                        "shared-filesystem path that every worker can reach")
     c = job.chunking
-    budget = c.max_tokens or job.model.max_tokens
-    if c.overlap and c.overlap >= budget // 2:
+    budget = c.max_tokens or job.model.max_tokens  # None: the model's limit, checked at load
+    if c.overlap and budget and c.overlap >= budget // 2:
         raise JobError(f"chunking.overlap: {c.overlap} must be under half of the chunk budget "
                        f"({budget} tokens)")
     if c.overlap and c.strategy != "hierarchical":

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import string
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 REPO = Path(__file__).resolve().parent.parent
 REVIEWS = REPO / "data" / "reviews.parquet"
+SCHEMAS = REPO / "schemas"
 
 WORDS = ("the a is was good bad drug pain sleep worked side effects doctor day week "
          "great terrible no yes not very my it and of to in for with").split()
@@ -34,12 +37,26 @@ def _vocab() -> list[str]:
             + [f"##{c}" for c in string.ascii_lowercase + string.digits])
 
 
+def wordpiece_tokenizer(root: Path, max_length: int) -> Any:
+    """A BERT WordPiece tokenizer over the tiny vocabulary, its vocab.txt written to `root`
+    ([PAD] 0, [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4)."""
+    from transformers import BertTokenizerFast
+
+    root.mkdir(parents=True, exist_ok=True)
+    vocab_file = root / "vocab.txt"
+    vocab_file.write_text("\n".join(_vocab()) + "\n")
+    tokenizer = BertTokenizerFast(vocab=str(vocab_file), do_lower_case=True)
+    # transformers 5 takes `vocab=`; a wrong keyword silently yields a 5-token vocabulary
+    assert tokenizer.unk_token_id not in tokenizer("the drug worked")["input_ids"]
+    tokenizer.model_max_length = max_length
+    return tokenizer
+
+
 def _save_tiny(root: Path, kind: str) -> Path:
     import torch
     from transformers import (
         BertConfig,
         BertModel,
-        BertTokenizerFast,
         DistilBertConfig,
         DistilBertModel,
         RobertaConfig,
@@ -47,13 +64,7 @@ def _save_tiny(root: Path, kind: str) -> Path:
     )
 
     torch.manual_seed(0)
-    root.mkdir(parents=True, exist_ok=True)
-    vocab_file = root / "vocab.txt"
-    vocab_file.write_text("\n".join(_vocab()) + "\n")
-    tokenizer = BertTokenizerFast(vocab=str(vocab_file), do_lower_case=True)
-    # transformers 5 takes `vocab=`; a wrong keyword silently yields a 5-token vocabulary
-    assert tokenizer.unk_token_id not in tokenizer("the drug worked")["input_ids"]
-    tokenizer.model_max_length = 64
+    tokenizer = wordpiece_tokenizer(root, max_length=64)
     vocab_size = len(_vocab())
     if kind == "bert":
         config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2,
@@ -72,6 +83,50 @@ def _save_tiny(root: Path, kind: str) -> Path:
     model.save_pretrained(root, safe_serialization=True)
     tokenizer.save_pretrained(root)
     return root
+
+
+@cache
+def _store_validator() -> Any:
+    import jsonschema
+    from referencing import Registry, Resource
+
+    schemas = [json.loads((SCHEMAS / name).read_text())
+               for name in ("store.schema.json", "job.schema.json")]
+    registry = Registry().with_resources(
+        [(schema["$id"], Resource.from_contents(schema)) for schema in schemas])
+    return jsonschema.Draft202012Validator(schemas[0], registry=registry)
+
+
+def store_schema_errors(provenance: dict[str, Any]) -> list[str]:
+    """Where a store's provenance departs from schemas/store.schema.json (the job through
+    its $ref to job.schema.json), one line each."""
+    errors = _store_validator().iter_errors({"provenance": provenance})
+    return [f"{'.'.join(str(p) for p in e.absolute_path)}: {e.message}" for e in errors]
+
+
+@pytest.fixture(autouse=True)
+def store_schema_check(request: pytest.FixtureRequest,
+                       monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every complete provenance a test writes (a run's commit, postprocess, a synthetic
+    store) is read back and checked against schemas/store.schema.json. A test that writes
+    a provenance the schema must refuse opts out with @pytest.mark.no_store_schema."""
+    if request.node.get_closest_marker("no_store_schema"):
+        yield
+        return
+    from pipeline.stores import FORMATS
+
+    for fmt in FORMATS.values():
+        original = type(fmt).update_provenance
+
+        def checked(self: Any, path: str, provenance: dict[str, Any],
+                    _original: Any = original) -> None:
+            _original(self, path, provenance)
+            if provenance.get("complete"):
+                errors = store_schema_errors(self.read_provenance(path))
+                assert not errors, f"{path}: provenance breaks store.schema.json: {errors}"
+
+        monkeypatch.setattr(type(fmt), "update_provenance", checked)
+    yield
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -187,7 +242,8 @@ def synthetic_provenance(store: Path, views: dict[str, Any], carry: tuple[str, .
     return {"complete": True, "format_version": 1, "run_fingerprint": "synthetic", "job": job,
             "model": {"path": "synthetic/none", "weights_sha256": {},
                       "config": {"num_hidden_layers": n_layers}},
-            "versions": {}, "device": ["cpu"], "dtype": ["float32"],
+            "versions": {"bertpipe": "test", "torch": "test", "transformers": "test"},
+            "device": ["cpu"], "dtype": ["float32"],
             "created": "2026-01-01T00:00:00+00:00", "stats": {}}
 
 
@@ -196,14 +252,15 @@ CLASSES = np.array(["neg", "neu", "pos"])
 
 
 def synthetic_store(path: Path, informative_layer: int = 2, seed: int = 0,
-                    labels: np.ndarray | None = None) -> pipeline.Store:
-    """Single-layer mean views l0..l3 where only `informative_layer` separates the classes,
-    plus a pure-noise view; written through the real staging + commit path."""
+                    labels: np.ndarray | None = None, strength: float = 1.5) -> pipeline.Store:
+    """Single-layer mean views l0..l3 where only `informative_layer` separates the classes
+    (class centres ~ N(0, strength²) per dimension, unit noise), plus a pure-noise view;
+    written through the real staging + commit path."""
     n, width, n_states = SYNTHETIC_ROWS, SYNTHETIC_WIDTH, SYNTHETIC_LAYERS
     rng = np.random.default_rng(seed)
     y = labels if labels is not None else CLASSES[rng.integers(0, 3, n)]
     codes = np.unique(y, return_inverse=True)[1]
-    centers = rng.normal(size=(3, width)) * 1.5
+    centers = rng.normal(size=(3, width)) * strength
     columns: dict[str, pa.Array] = {
         "row": pa.array(np.arange(n)), "id": pa.array([f"d{i}" for i in range(n)]),
         "n_tokens": pa.array(np.full(n, 10)), "n_chunks": pa.array(np.ones(n, np.int64)),
@@ -226,3 +283,25 @@ def synthetic_store(path: Path, informative_layer: int = 2, seed: int = 0,
     format_named("zarr").create(str(path), {"complete": False})
     format_named("zarr").commit(str(path), staging, Layout([0], n, 0, False), provenance)
     return pipeline.open_store(path)
+
+
+def chromium() -> str:
+    """Debian's chromium for rendering HTML reports; the test skips, saying why, without it."""
+    import shutil
+
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if path := shutil.which(name):
+            return path
+    pytest.skip("no chromium installed (apt-get install -y chromium) to render the page")
+
+
+def headless(page: Path, tmp_path: Path, *args: str) -> Any:
+    """Run headless chromium on a local page (no network, a fresh profile); logs the page's
+    console to stderr so a test can check it for errors."""
+    import subprocess
+
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--no-first-run", "--disable-component-update", "--disable-sync",
+             "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'profile'}"]
+    return subprocess.run([chromium(), *flags, *args, page.as_uri()], capture_output=True,
+                          text=True, timeout=120, check=True)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from pipeline.errors import JobError
 from pipeline.extract.chunking import (
     Specials,
     chunk_partition,
@@ -142,3 +143,15 @@ def test_one_megabyte_document(tokenizer: Any) -> None:
     assert int(content.sum()) == int(part.n_tokens[0]) > 200_000
     assert part.chunk_end[-1] == len(text) and part.chunk_start[0] == 0
     assert (part.chunk_n_tokens <= 512).all()
+
+
+def test_budget_defaults_to_the_models_own_limit() -> None:
+    specials = Specials((1,), (2,))
+    assert content_budget(ChunkingSpec(), None, 8192, specials) == 8190  # e.g. ModernBERT
+    assert content_budget(ChunkingSpec(), 512, 8192, specials) == 510  # model.max_tokens
+    assert content_budget(ChunkingSpec(max_tokens=128), None, 512, specials) == 126
+    assert content_budget(ChunkingSpec(max_tokens=4096), None, 512, specials) == 510  # capped
+    # an overlap the job could not check without the model is refused at load, naming the key
+    with pytest.raises(JobError, match=r"chunking.overlap: 300 must be under half of the "
+                                       r"510 content tokens"):
+        content_budget(ChunkingSpec(overlap=300), None, 512, specials)

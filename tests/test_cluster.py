@@ -163,8 +163,18 @@ def test_killed_client_resumes_to_identical_store(tmp_path: Path, source: Path, 
         runner.wait()
         with pytest.raises(pipeline.errors.StoreError, match="incomplete"):
             pipeline.open_store(tmp_path / "resumed.zarr")
+        # a killed run cannot release its lock: the rerun names the command that clears it
+        env = {"DASK_SCHEDULER_ADDRESS": address}
+        refused = CliRunner(env=env).invoke(main, ["extract", str(job)])
+        assert refused.exit_code == 5 and "is no longer running on this host" in refused.stderr
+        assert f"`bertpipe unlock {tmp_path / 'resumed.zarr'}`" in refused.stderr
+        assert CliRunner().invoke(main, ["unlock", str(tmp_path / "resumed.zarr")]).exit_code == 0
+        # another partitioning cannot reuse the parts: refused, nothing changed
+        other = CliRunner(env=env).invoke(main, ["extract", str(job), "--set",
+                                                 "execution.partition_rows=16"])
+        assert other.exit_code == 5 and "execution.partition_rows=8" in other.stderr
         # the scheduled-job path: the address comes from the environment
-        out = extract(job, env={"DASK_SCHEDULER_ADDRESS": address})
+        out = extract(job, env=env)
     assert "resuming:" in out and "skipped 0," not in out
     assert_same(pipeline.open_store(tmp_path / "resumed.zarr"), clean["cluster"])
 

@@ -17,6 +17,7 @@ from tests.conftest import (
     SYNTHETIC_LAYERS,
     SYNTHETIC_ROWS,
     SYNTHETIC_WIDTH,
+    headless,
     synthetic_store,
     write_table,
 )
@@ -90,6 +91,22 @@ def test_cli_writes_table_json_html(store: pipeline.Store, tmp_path: Path) -> No
     page = (out / "probe.html").read_text()
     assert "data:image/png;base64," in page and html.escape(data["recommendation"]) in page
     assert (out / "probe.png").read_bytes()[:4] == b"\x89PNG"
+    # progress per view on stderr, the chosen regularisation per fold, the best row marked
+    progress = [line for line in result.stderr.splitlines() if "probe: view" in line]
+    assert len(progress) == len(data["results"]) and progress[-1].count("/") >= 1
+    grid = {0.001, 0.01, 0.1, 1.0}  # the inner CV's candidates
+    for r in data["results"]:
+        assert len(r["regularisation"]) == data["n_folds"] and set(r["regularisation"]) <= grid
+    best = max(data["results"], key=lambda r: r["metrics"]["accuracy"])["view"]
+    assert f'<tr class="best"><td>{best}</td>' in page and page.count('class="best"') == 1
+    assert data["dropped"] == {"no_vector": 0, "no_label": 0}
+
+
+def test_rows_without_a_label_are_counted_as_dropped(store: pipeline.Store) -> None:
+    labels = load_labels(store, "label").copy()
+    labels.iloc[:7] = None
+    report = run_probe(store, labels, ["l2_mean"], folds=2)
+    assert report.dropped == {"no_vector": 0, "no_label": 7} and report.n_rows == N - 7
 
 
 def test_labels_joined_from_file(store: pipeline.Store, tmp_path: Path) -> None:
@@ -118,3 +135,83 @@ def test_label_errors(tmp_path: Path, case: str, fragment: str) -> None:
     result = runner.invoke(main, args)
     assert result.exit_code == 3, result.output
     assert fragment in result.stderr and result.stderr.startswith("error: ")
+
+
+def test_learning_curve_rises_then_flattens(tmp_path: Path) -> None:
+    """A learnable but noisy signal: the probe gains with the first labels, then stops."""
+    store = synthetic_store(tmp_path / "c.zarr", strength=1.0)
+    out = tmp_path / "curve"
+    result = CliRunner().invoke(main, [
+        "probe", store.path, "--label", "label", "--views", "l2_mean", "--folds", "3",
+        "--learning-curve", "--curve-sizes", "9,18,36,72", "--curve-repeats", "1",
+        "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "probe.json").read_text())
+    (curve,) = data["curves"]
+    assert curve["sizes"] == [9, 18, 36, 72, 160]  # 160: every training fold whole
+    mean = curve["mean"]
+    assert mean[-1] - mean[0] > 0.03  # rises ...
+    gain = (mean[-1] - mean[3]) / np.log2(160 / 72)  # ... and the last doubling is flat
+    assert curve["gain_per_doubling"] == pytest.approx(gain) and gain < 0.01
+    assert curve["flat"] and curve["reading"].startswith("flat")
+    # the last point is the probe itself: same folds, whole training folds
+    assert mean[-1] == pytest.approx(data["results"][0]["metrics"]["accuracy"], abs=1e-12)
+    assert "learning curve: accuracy" in result.stdout and "l2_mean: flat (" in result.stdout
+    page = (out / "probe.html").read_text()
+    assert "Learning curve" in page and html.escape(curve["reading"]) in page
+    assert (out / "learning-curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_learning_curve_reading_rule() -> None:
+    """Gain per doubling between the largest size and the largest one at most half of it."""
+    from pipeline.analysis.probe import FLAT_GAIN, LearningCurve, _gain_per_doubling
+
+    sizes = [50, 100, 200, 400, 480]
+    rising = [0.50, 0.60, 0.66, 0.70, 0.74]  # (0.74 - 0.66) / log2(480 / 200) = 0.0633
+    assert _gain_per_doubling(sizes, rising) == pytest.approx(0.08 / np.log2(2.4))
+    flat = [0.50, 0.60, 0.70, 0.705, 0.708]  # 0.008 / log2(2.4) = 0.0063
+    assert _gain_per_doubling(sizes, flat) < FLAT_GAIN
+    curve = LearningCurve("v", sizes, rising, [0.0] * 5, 3, 0.0633, False)
+    assert curve.reading("accuracy").startswith("still rising (+0.063 accuracy per doubling")
+    assert _gain_per_doubling([30, 40], [0.5, 0.6]) == pytest.approx(0.1 / np.log2(40 / 30))
+
+
+def test_stratified_subsample_keeps_every_class() -> None:
+    from pipeline.analysis.probe import MIN_PER_CLASS, stratified_subsample
+
+    y = np.array([0] * 385 + [1] * 161 + [2] * 54)  # the sample reviews' label counts
+    rng = np.random.default_rng(0)
+    for n in (9, 50, 100, 599):
+        picked = stratified_subsample(y, n, rng, "classification")
+        counts = np.bincount(y[picked], minlength=3)
+        assert len(np.unique(picked)) == len(picked) == n
+        assert counts.min() >= MIN_PER_CLASS
+        assert np.abs(counts - n * np.bincount(y) / len(y)).max() < MIN_PER_CLASS + 1
+    assert stratified_subsample(y, 50, np.random.default_rng(1), "classification").tolist() \
+        == stratified_subsample(y, 50, np.random.default_rng(1), "classification").tolist()
+
+
+def test_learning_curve_bad_sizes(store: pipeline.Store) -> None:
+    result = CliRunner().invoke(main, ["probe", store.path, "--label", "label", "--views",
+                                       "l2_mean", "--learning-curve", "--curve-sizes", "4,50"])
+    assert result.exit_code == 3 and "--curve-sizes: 4 rows is too few" in result.stderr
+    result = CliRunner().invoke(main, ["probe", store.path, "--label", "label",
+                                       "--learning-curve", "--curve-sizes", "a,b"])
+    assert result.exit_code == 3 and "not a comma-separated list" in result.stderr
+    result = CliRunner().invoke(main, ["probe", store.path, "--label", "label",
+                                       "--learning-curve", "--curve-repeats", "0"])
+    assert result.exit_code == 3 and "--curve-repeats: 0 must be at least 1" in result.stderr
+
+
+def test_probe_html_renders_in_headless_chromium_without_console_errors(
+        store: pipeline.Store, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    result = CliRunner().invoke(main, ["probe", store.path, "--label", "label", "--views",
+                                       "l1_mean,l2_mean", "--folds", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    page = out / "probe.html"
+    shown = headless(page, tmp_path, "--dump-dom")
+    assert '<tr class="best"><td>l2_mean</td>' in shown.stdout  # the best row, rendered
+    assert "<img" in shown.stdout and "Linear probe: label" in shown.stdout
+    console = [line for line in shown.stderr.splitlines() if "CONSOLE" in line]
+    assert not [line for line in console if "error" in line.lower()], console

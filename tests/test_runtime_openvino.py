@@ -118,6 +118,7 @@ def test_every_view_equals_torch_float32(tiny_bert: Path, texts: list[str], cach
         np.testing.assert_array_equal(vectors, got.docs[view], err_msg=view)
 
 
+@pytest.mark.slow  # two fresh interpreters importing the runtime
 def test_worker_processes_cold_then_warm(tiny_bert: Path, tmp_path: Path, cache: Path
                                         ) -> None:
     """Two fresh worker processes: the first exports, the second starts from the cache

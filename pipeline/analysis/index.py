@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BertpipeError, StoreError
+from ..errors import BertpipeError, OptionError, StoreError
 from ..fileutil import write_json_atomic
 from ..post.geometry import unit_rows
 from ..stores.opened import StoreData as Store
@@ -47,6 +47,8 @@ def build_index(store: Store, view: str, level: str = "docs", nprobe: int = 16,
                 seed: int = 0) -> Path:
     """Train on a sample, then add every finite row in blocks under its row number (empty
     documents, whose vectors are NaN, are left out and so never returned)."""
+    if nprobe < 1:
+        raise OptionError(f"--nprobe: {nprobe}; scan at least 1 list per query")
     faiss = _faiss()
     data = store.docs if level == "docs" else store.chunks
     if data is None or view not in data:

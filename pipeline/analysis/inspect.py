@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import numpy as np
 
+from ..errors import OptionError
 from ..spec import ViewSpec
 from ..stores.opened import StoreData as Store
 
@@ -29,6 +33,7 @@ def describe(store: Store) -> str:
         if post:
             text += f", post {post.method} (fitted on {post.fitted_rows} rows)"
         lines.append(f"  {name:<12} width {docs[name].shape[1]:<5} {text}")
+    lines.extend(_token_view_lines(store))
     lines.extend(_chunk_lines(store))
     model = prov.model
     lines += [
@@ -51,6 +56,23 @@ def _view_text(spec: ViewSpec) -> str:
     return text
 
 
+def _token_view_lines(store: Store) -> list[str]:
+    """Token views (pooling: tokens) and the size of the tokens level."""
+    data = store.token_dataset
+    if data is None or not store.token_views:
+        return []
+    lines = []
+    for name in store.token_views:
+        spec = store.provenance.view_spec(name)
+        text = _view_text(spec) if spec else ""
+        lines.append(f"  {name:<12} width {data[name].shape[1]:<5} {text}")
+    n = int(data.sizes.get("piece", 0))
+    per_doc = np.asarray(store.docs["token_count"].values)
+    lines.append(f"tokens     {n} stored (special tokens left out, each token once), "
+                 f"per document max {int(per_doc.max()) if len(per_doc) else 0}")
+    return lines
+
+
 def _chunk_lines(store: Store) -> list[str]:
     n_chunks = np.asarray(store.docs["n_chunks"].values)
     ok = n_chunks > 0
@@ -70,25 +92,84 @@ def _chunk_lines(store: Store) -> list[str]:
     return lines
 
 
-def describe_geometry(store: Store, pairs: int = 2000, seed: int = 0,
-                      max_rows: int = 20000) -> str:
-    """Per view: mean cosine of random pairs, top-PC share, mean norm; raw and after each
-    fix fitted on the same rows (a fixed-seed sample of at most `max_rows`)."""
+def geometry_rows(store: Store, pairs: int = 2000, seed: int = 0,
+                  max_rows: int = 20000) -> tuple[int, list[dict[str, Any]]]:
+    """Per view and fix (raw, center, whiten, abtt d=1): mean cosine of random pairs, top-PC
+    share, mean norm, all fitted on the same rows (a fixed-seed sample of at most
+    `max_rows`). Returns (rows sampled, one dict per view and fix; `too_few` for a view
+    with fewer than two non-empty documents)."""
     from ..post.geometry import fit, stats
 
+    if pairs < 1:
+        raise OptionError(f"--sample: {pairs} pairs; use at least 1")
     n = int(store.docs.sizes["doc"])
     rng = np.random.default_rng(seed)
     rows = np.sort(rng.choice(n, size=min(n, max_rows), replace=False))
-    fixes = [("raw", None), ("center", {"method": "center"}),
-             ("whiten", {"method": "whiten"}), ("abtt d=1", {"method": "abtt", "d": 1})]
-    lines = [f"geometry   {len(rows)} rows, mean cosine over {pairs} random pairs (seed {seed})",
-             f"  {'view':<12}{'fix':<10}{'mean cos':>10}{'top PC':>9}{'mean norm':>11}"]
+    out: list[dict[str, Any]] = []
     for view in store.views:
         x = np.asarray(store.docs[view].values[rows], dtype=np.float64)
         x = x[np.isfinite(x).all(axis=1)]
-        for label, params in fixes:
+        if len(x) < 2:  # pairs and a covariance need two documents with text
+            out.append({"view": view, "fix": None, "too_few": int(len(x))})
+            continue
+        for label, params in GEOMETRY_FIXES:
             y = x if params is None else fit(x, **params).apply(x)
-            s = stats(y, pairs=pairs, seed=seed)
-            lines.append(f"  {view:<12}{label:<10}{s['mean_cosine']:>10.3f}"
-                         f"{s['top_pc_share']:>9.3f}{s['mean_norm']:>11.3f}")
+            out.append({"view": view, "fix": label, **stats(y, pairs=pairs, seed=seed)})
+    return len(rows), out
+
+
+GEOMETRY_FIXES: list[tuple[str, dict[str, Any] | None]] = [
+    ("raw", None), ("center", {"method": "center"}), ("whiten", {"method": "whiten"}),
+    ("abtt d=1", {"method": "abtt", "d": 1})]
+
+
+def describe_geometry(store: Store, pairs: int = 2000, seed: int = 0,
+                      max_rows: int = 20000) -> str:
+    """`geometry_rows` as a table."""
+    n, rows = geometry_rows(store, pairs, seed, max_rows)
+    lines = [f"geometry   {n} rows, mean cosine over {pairs} random pairs (seed {seed})",
+             f"  {'view':<12}{'fix':<10}{'mean cos':>10}{'top PC':>9}{'mean norm':>11}"]
+    for r in rows:
+        if r["fix"] is None:
+            lines.append(f"  {r['view']:<12}{r['too_few']} non-empty documents: too few to "
+                         "measure")
+            continue
+        lines.append(f"  {r['view']:<12}{r['fix']:<10}{r['mean_cosine']:>10.3f}"
+                     f"{r['top_pc_share']:>9.3f}{r['mean_norm']:>11.3f}")
     return "\n".join(lines)
+
+
+def store_facts(store: Store) -> dict[str, Any]:
+    """What `inspect` prints, as one JSON-ready dict (`bertpipe inspect --json`)."""
+    docs, prov = store.docs, store.provenance
+    status = np.asarray(docs["status"].values)
+    n_chunks = np.asarray(docs["n_chunks"].values)
+    per_doc = n_chunks[n_chunks > 0]
+    views = []
+    for name in store.views:
+        spec, post = prov.view_spec(name), prov.post.get(name)
+        entry: dict[str, Any] = {"name": name, "width": int(docs[name].shape[1])}
+        if spec is not None:
+            entry.update(pooling=spec.pooling, combine=spec.combine, normalize=spec.normalize,
+                         layers=list(spec.layers) if isinstance(spec.layers, tuple)
+                         else spec.layers)
+        if post is not None:
+            entry["post"] = dataclasses.asdict(post)
+        views.append(entry)
+    return {
+        "path": store.path, "format": store.format, "format_version": prov.format_version,
+        "complete": prov.complete, "rows": int(docs.sizes.get("doc", 0)),
+        "coverage": {"ok": int((status == "ok").sum()), "not_ok": int((status != "ok").sum()),
+                     "truncated": int(np.asarray(docs["truncated"].values, bool).sum()),
+                     "tokens": int(np.asarray(docs["n_tokens"].values).sum())},
+        "views": views,
+        "chunks": {"total": int(n_chunks.sum()),
+                   "per_document": ({"min": int(per_doc.min()),
+                                     "median": float(np.median(per_doc)),
+                                     "max": int(per_doc.max())} if len(per_doc) else None),
+                   "share_chunked": float((per_doc > 1).mean()) if len(per_doc) else 0.0},
+        "model": {"path": prov.model.path, "type": prov.model.model_type,
+                  "weights_sha256": prov.model.weights_sha256},
+        "device": prov.device, "dtype": prov.dtype, "created": prov.created,
+        "versions": prov.versions, "stats": prov.stats,
+    }

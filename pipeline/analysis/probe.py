@@ -13,22 +13,29 @@ pasted into a job as a `scalar_mix` view.
 
 from __future__ import annotations
 
+import logging
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ..errors import BertpipeError
+from ..errors import InputError, OptionError
 from ..stores.opened import StoreData as Store
 
 LINEAR_POOLINGS = ("mean", "cls", "attention", "last")
+log = logging.getLogger(__name__)
+FLAT_GAIN = 0.01  # learning curve: less gain than this per doubling of labels reads "flat"
+CURVE_START = 50  # learning curve: first size; then doubling up to the whole training fold
+MIN_PER_CLASS = 3  # a subsample keeps this many rows of every class (inner 3-fold CV)
 
 
-class ProbeError(BertpipeError):
-    exit_code = 3
+class ProbeError(InputError):
+    """The labels cannot be probed (missing, constant, too few per class, unmatched ids):
+    an input problem, exit 3."""
 
 
 @dataclass
@@ -37,6 +44,8 @@ class ProbeResult:
     layer: int | None  # single-layer views: absolute hidden-state index
     pooling: str
     metrics: dict[str, float]  # e.g. accuracy, accuracy_std, macro_f1, macro_f1_std
+    # the L2 strength used in each outer fold: logistic C chosen by the inner CV, ridge alpha
+    regularisation: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -59,6 +68,31 @@ class MixResult:
 
 
 @dataclass
+class LearningCurve:
+    """Probe score against labelled rows for one view: at each size, stratified subsamples
+    of every training fold (one per fold and seed), scored on that fold's full test part."""
+
+    view: str
+    sizes: list[int]
+    mean: list[float]
+    std: list[float]  # over folds × seeds
+    repeats: int  # seeds per fold (1 at the last size, where the subsample is the fold)
+    gain_per_doubling: float  # over the last doubling: see `reading`
+    flat: bool
+
+    def reading(self, key: str) -> str:
+        """Flat when the score gains less than FLAT_GAIN per doubling of labelled rows between
+        the largest size and the largest one at most half of it."""
+        if len(self.sizes) < 2:
+            return "one size only: no trend to read"
+        gain = f"{self.gain_per_doubling:+.3f} {key} per doubling of labelled rows at the end"
+        if self.flat:
+            return (f"flat ({gain}, under {FLAT_GAIN}): the frozen features are enough; "
+                    "more labels are unlikely to help this probe")
+        return (f"still rising ({gain}): more labels, or fine-tuning, may pay")
+
+
+@dataclass
 class ProbeReport:
     task: str  # classification | regression
     label: str
@@ -69,6 +103,9 @@ class ProbeReport:
     results: list[ProbeResult]
     mix: MixResult | None = None
     classes: dict[str, int] = field(default_factory=dict)
+    curves: list[LearningCurve] = field(default_factory=list)
+    # rows left out and why: no vector (empty or failed text), no label
+    dropped: dict[str, int] = field(default_factory=dict)
 
     @property
     def score_key(self) -> str:
@@ -98,6 +135,8 @@ class ProbeReport:
         if self.mix is not None:
             out["mix"]["softmax"] = self.mix.softmax
             out["mix"]["view_block"] = self.mix.view_block()
+        for curve, raw in zip(self.curves, out["curves"], strict=True):
+            raw["reading"] = curve.reading(self.score_key)
         return out
 
 
@@ -110,7 +149,11 @@ def load_labels(store: Store, label: str, labels_file: str | None = None,
             raise ProbeError(f"--label: {label!r} is not a carried column of the store "
                              f"(carried: {', '.join(carried) or 'none'}); or pass --labels FILE")
         return pd.Series(np.asarray(store.docs[label].values))
-    table = pd.read_parquet(labels_file)
+    try:
+        table = pd.read_parquet(labels_file)
+    except (OSError, ValueError) as exc:  # missing, a folder, not Parquet (ArrowInvalid)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ProbeError(f"--labels: cannot read {labels_file} as Parquet ({first})") from None
     key = id_column or "id"
     for col in (key, label):
         if col not in table.columns:
@@ -127,20 +170,45 @@ def load_labels(store: Store, label: str, labels_file: str | None = None,
 
 
 def run_probe(store: Store, labels: pd.Series, views: Sequence[str] | None = None,
-              folds: int = 5, seed: int = 0, scalar_mix: str | None = None) -> ProbeReport:
-    ok = (np.asarray(store.docs["status"].values) == "ok") & labels.notna().to_numpy()
+              folds: int = 5, seed: int = 0, scalar_mix: str | None = None,
+              learning_curve: bool = False, curve_sizes: Sequence[int] | None = None,
+              curve_repeats: int = 3, on_view: Callable[[str], None] | None = None
+              ) -> ProbeReport:
+    """Cross-validated linear probes of each view; `on_view(message)` after each view."""
+    if folds < 2:
+        raise OptionError(f"--folds: {folds}; cross-validation needs at least 2 folds")
+    has_vector = np.asarray(store.docs["status"].values) == "ok"
+    has_label = labels.notna().to_numpy()
+    ok = has_vector & has_label
+    dropped = {"no_vector": int((~has_vector).sum()),
+               "no_label": int((has_vector & ~has_label).sum())}
     y_raw = labels.to_numpy()[ok]
     task = "regression" if _is_numeric(y_raw) else "classification"
     y, classes = _encode_labels(y_raw, task, folds)
+    folds = _folds_for(y, task, folds)
     names = list(views or store.views)
-    results = []
-    for name in names:
+    if not names:
+        raise ProbeError(f"{store.path}: no document vectors to probe (token views only: "
+                         f"{', '.join(store.token_views)}); add a pooled view to the job")
+    if learning_curve:  # refuse bad sizes before any fitting
+        _check_curve_options(curve_sizes, curve_repeats, _min_curve_size(y, task))
+    results, curves = [], []
+    started = time.perf_counter()
+    for i, name in enumerate(names, 1):
         x = store.vectors(name)[ok].astype(np.float64)
         layer, pooling = _view_layer_pooling(store, name)
-        results.append(ProbeResult(name, layer, pooling, _cross_validate(x, y, task, folds,
-                                                                         seed)))
+        metrics, strengths = _cross_validate(x, y, task, folds, seed)
+        results.append(ProbeResult(name, layer, pooling, metrics, strengths))
+        if learning_curve:
+            curves.append(fit_learning_curve(name, x, y, task, folds, seed, curve_sizes,
+                                             curve_repeats))
+        if on_view:
+            key = "accuracy" if task == "classification" else "r2"
+            on_view(f"probe: view {i}/{len(names)} {name}: {key} {metrics[key]:.3f} "
+                    f"({time.perf_counter() - started:.0f}s)")
     report = ProbeReport(task, str(labels.name or "label"), int(ok.sum()), folds, seed,
-                         _baseline(y, task), results, classes=classes)
+                         _baseline(y, task), results, classes=classes, curves=curves,
+                         dropped=dropped)
     if scalar_mix:
         report.mix = learn_scalar_mix(store, ok, y, task, scalar_mix, folds, seed)
     return report
@@ -182,54 +250,92 @@ def _view_layer_pooling(store: Store, name: str) -> tuple[int | None, str]:
     return None, spec.pooling
 
 
+def _folds_for(y: np.ndarray, task: str, folds: int) -> int:
+    """The folds used: never more than the rows, nor (stratified) than the rarest class
+    has members; fewer than asked is said on stderr and in the report's n_folds."""
+    if folds > len(y):
+        raise ProbeError(f"--folds: {folds} folds for {len(y)} labelled rows")
+    if task == "classification":
+        rarest = int(np.bincount(y).min())
+        if rarest < folds:
+            log.warning("probe: the rarest label class has %d rows, so %d-fold cross-validation "
+                        "is used instead of %d", rarest, rarest, folds)
+            return rarest
+    return folds
+
+
 def _splits(y: np.ndarray, task: str, folds: int, seed: int) -> list[tuple[np.ndarray,
                                                                           np.ndarray]]:
     from sklearn.model_selection import KFold, StratifiedKFold
 
     if task == "classification":
-        k = min(folds, int(np.bincount(y).min()))
-        splitter: Any = StratifiedKFold(max(k, 2), shuffle=True, random_state=seed)
+        splitter: Any = StratifiedKFold(folds, shuffle=True, random_state=seed)
     else:
         splitter = KFold(folds, shuffle=True, random_state=seed)
     return list(splitter.split(np.zeros(len(y)), y))
 
 
 def _cross_validate(x: np.ndarray, y: np.ndarray, task: str, folds: int, seed: int
-                    ) -> dict[str, float]:
+                    ) -> tuple[dict[str, float], list[float]]:
+    """Mean ± std of each metric over the outer folds, and each fold's L2 strength."""
     from scipy.stats import spearmanr
-    from sklearn.linear_model import Ridge
     from sklearn.metrics import accuracy_score, f1_score, r2_score
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
 
     scores: dict[str, list[float]] = {}
+    strengths = []
     for train, test in _splits(y, task, folds, seed):
+        pred, strength = _fit_predict(x[train], y[train], x[test], task, seed)
+        strengths.append(strength)
         if task == "classification":
-            warnings.filterwarnings("ignore", category=FutureWarning)  # sklearn API churn
-            model = make_pipeline(StandardScaler(), _logistic(seed))
-            model.fit(x[train], y[train])
-            pred = model.predict(x[test])
             fold = {"accuracy": accuracy_score(y[test], pred),
                     "macro_f1": f1_score(y[test], pred, average="macro")}
         else:
-            model = make_pipeline(StandardScaler(), Ridge(alpha=1.0))
-            model.fit(x[train], y[train])
-            pred = model.predict(x[test])
             fold = {"r2": r2_score(y[test], pred),
                     "spearman": float(spearmanr(y[test], pred).statistic)}
         for k, v in fold.items():
             scores.setdefault(k, []).append(float(v))
-    return _summarise(scores)
+    return _summarise(scores), strengths
 
 
-def _logistic(seed: int) -> Any:
+def _fit_predict(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, task: str,
+                 seed: int) -> tuple[np.ndarray, float]:
+    """The probe: standardised features, then logistic (inner-CV L2) or ridge regression.
+    Returns the predictions and the L2 strength used (the C chosen, or ridge's alpha)."""
+    from sklearn.linear_model import Ridge
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    if task == "classification":
+        warnings.filterwarnings("ignore", category=FutureWarning)  # sklearn API churn
+        model = make_pipeline(StandardScaler(), _logistic(seed, y_train))
+    else:
+        model = make_pipeline(StandardScaler(), Ridge(alpha=1.0))
+    model.fit(x_train, y_train)
+    pred: np.ndarray = model.predict(x_test)
+    head = model[-1]
+    return pred, float(head.C_[0] if hasattr(head, "C_") else head.alpha)
+
+
+def _score(y_true: np.ndarray, pred: np.ndarray, task: str) -> float:
+    from sklearn.metrics import accuracy_score, r2_score
+
+    return float(accuracy_score(y_true, pred) if task == "classification"
+                 else r2_score(y_true, pred))
+
+
+def _logistic(seed: int, y: np.ndarray) -> Any:
     """Logistic regression whose L2 strength is chosen by an inner 3-fold CV on the
-    training folds only: a few hundred rows against hundreds of features overfit at C=1."""
+    training folds only: a few hundred rows against hundreds of features overfit at C=1.
+    The inner CV has fewer folds only where no class of `y` has 3 rows (it cannot run)."""
     from sklearn.linear_model import LogisticRegressionCV
     from sklearn.model_selection import StratifiedKFold
 
+    inner = min(3, int(np.bincount(y).max()))
+    if inner < 2:
+        raise ProbeError("too few labelled rows: a training fold needs 2 rows of some class "
+                         "to choose the regularisation; use fewer --folds or more rows")
     return LogisticRegressionCV(Cs=[0.001, 0.01, 0.1, 1.0], max_iter=2000,
-                                cv=StratifiedKFold(3, shuffle=True, random_state=seed))
+                                cv=StratifiedKFold(inner, shuffle=True, random_state=seed))
 
 
 def _summarise(scores: dict[str, list[float]]) -> dict[str, float]:
@@ -258,6 +364,94 @@ def single_layer_views(store: Store, names: Sequence[str] | None = None) -> list
         raise ProbeError("--layers: the store has no single-layer views; extract a sweep "
                          "(jobs/sweep.yaml) first")
     return chosen
+
+
+# ---- learning curves -------------------------------------------------------------------
+
+def _min_curve_size(y: np.ndarray, task: str) -> int:
+    return MIN_PER_CLASS * len(np.unique(y)) if task == "classification" else 10
+
+
+def _check_curve_options(sizes: Sequence[int] | None, repeats: int, minimum: int) -> None:
+    small = [n for n in sizes or () if n < minimum]
+    if small:
+        raise ProbeError(f"--curve-sizes: {small[0]} rows is too few; the smallest size is "
+                         f"{minimum} ({MIN_PER_CLASS} per class)")
+    if repeats < 1:
+        raise ProbeError(f"--curve-repeats: {repeats} must be at least 1")
+
+
+def curve_sizes(n_max: int, requested: Sequence[int] | None, minimum: int) -> list[int]:
+    """50, 100, 200, ... below the smallest training fold, then that fold's size (all
+    rows); or the requested sizes up to it, plus it."""
+    if requested:
+        sizes = sorted({n for n in requested if n < n_max})
+    else:
+        start = max(CURVE_START, minimum)
+        sizes = [start * 2 ** k for k in range(32) if start * 2 ** k < n_max]
+    return [*sizes, n_max]
+
+
+def stratified_subsample(y: np.ndarray, n: int, rng: np.random.Generator,
+                         task: str) -> np.ndarray:
+    """Positions of n rows of y: per class in proportion (largest remainders), at least
+    MIN_PER_CLASS of each class that has them; a plain random draw for regression."""
+    if n >= len(y):
+        return np.arange(len(y))
+    if task != "classification":
+        return np.sort(rng.choice(len(y), size=n, replace=False))
+    classes, counts = np.unique(y, return_counts=True)
+    exact = n * counts / counts.sum()
+    least = np.minimum(MIN_PER_CLASS, counts)
+    quota = np.minimum(counts, np.maximum(np.floor(exact).astype(int), least))
+    while quota.sum() < n:  # hand out the rest by largest remainder, where rows are left
+        room = quota < counts
+        quota[np.flatnonzero(room)[np.argmax((exact - quota)[room])]] += 1
+    while quota.sum() > n:  # the MIN_PER_CLASS floor overshot: take from the classes above
+        spare = quota > least  # their floor that are furthest over their exact share
+        quota[np.flatnonzero(spare)[np.argmax((quota - exact)[spare])]] -= 1
+    picks = [rng.choice(np.flatnonzero(y == c), size=q, replace=False)
+             for c, q in zip(classes, quota, strict=True)]
+    return np.sort(np.concatenate(picks))
+
+
+def fit_learning_curve(view: str, x: np.ndarray, y: np.ndarray, task: str, folds: int,
+                       seed: int, sizes: Sequence[int] | None = None, repeats: int = 3
+                       ) -> LearningCurve:
+    """Score at increasing numbers of labelled rows, on the same folds as the probe."""
+    minimum = _min_curve_size(y, task)
+    _check_curve_options(sizes, repeats, minimum)
+    splits = _splits(y, task, folds, seed)
+    n_max = min(len(train) for train, _ in splits)
+    chosen = curve_sizes(n_max, sizes, minimum)
+    means, stds = [], []
+    for n in chosen:
+        scores = []
+        for r in range(1 if n == n_max else repeats):
+            for f, (train, test) in enumerate(splits):
+                rng = np.random.default_rng([seed, r, f, n])
+                # the last size is every training fold whole (folds differ by at most a
+                # row), so that point is the probe's own cross-validated score
+                sub = train if n == n_max else train[
+                    stratified_subsample(y[train], n, rng, task)]
+                pred, _ = _fit_predict(x[sub], y[sub], x[test], task, seed)
+                scores.append(_score(y[test], pred, task))
+        means.append(float(np.mean(scores)))
+        stds.append(float(np.std(scores)))
+    gain = _gain_per_doubling(chosen, means)
+    return LearningCurve(view, list(chosen), means, stds, repeats, gain,
+                         bool(len(chosen) > 1 and gain < FLAT_GAIN))
+
+
+def _gain_per_doubling(sizes: Sequence[int], scores: Sequence[float]) -> float:
+    """(score at the largest size − score at the largest size ≤ half of it) / doublings
+    between them (the first size when none is that small)."""
+    if len(sizes) < 2:
+        return float("nan")
+    last = sizes[-1]
+    earlier = [i for i, n in enumerate(sizes[:-1]) if n <= last / 2] or [0]
+    i = earlier[-1]
+    return (scores[-1] - scores[i]) / float(np.log2(last / sizes[i]))
 
 
 # ---- scalar mix ----------------------------------------------------------------------
@@ -359,7 +553,7 @@ def _fit_mix(x: np.ndarray, y: np.ndarray, task: str, seed: int, epochs: int = 3
     # γ is one global scale: a standardised linear head absorbs it, so it is not
     # identifiable from a probe and is reported as 1.0
     gamma = 1.0
-    probe = _logistic(seed) if task == "classification" else Ridge(alpha=1.0)
+    probe = _logistic(seed, y) if task == "classification" else Ridge(alpha=1.0)
     model = _MixModel(s_np, gamma, make_pipeline(StandardScaler(), probe), task)
     model.head.fit(model.mixed(x), y)
     return model

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StoreError
+from ..errors import OptionError, StoreError
 from ..extract.model import model_fingerprint
 from ..extract.partition import Extractor
 from ..extract.source import read_text
@@ -37,6 +37,9 @@ class QueryEncoder:
     """Encodes texts into a store's view: its job, model and post-processing."""
 
     def __init__(self, store: Store, view: str):
+        if view in store.token_views:
+            raise StoreError(f"--view: {view!r} is a token view (pooling: tokens): it has no "
+                             f"document vectors to search; views: {', '.join(store.views)}")
         if view not in store.views:
             raise StoreError(f"--view: {view!r} is not a view of {store.path}; views: "
                              f"{', '.join(store.views)}")
@@ -61,6 +64,8 @@ def top_k(store: Store, queries: np.ndarray, view: str, k: int = 10, level: str 
           exact: bool = False) -> list[list[Hit]]:
     """Cosine top-k for each query row over `view` at `level`: through the view's saved
     index when there is one (and `exact` is false), else an exact streamed scan."""
+    if k < 1:
+        raise OptionError(f"-k: {k} hits asked for; ask for at least 1")
     if not exact:
         from .index import index_search, load_index
 
@@ -101,6 +106,14 @@ def exact_top_k(store: Store, queries: np.ndarray, view: str, k: int = 10,
 
 def search(store: Store, texts: Sequence[str], view: str | None = None, k: int = 10,
            level: str = "docs", exact: bool = False) -> list[list[Hit]]:
+    if k < 1:
+        raise OptionError(f"-k: {k} hits asked for; ask for at least 1")
+    blank = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
+    if blank:
+        raise OptionError(f"query {blank[0]}: the query text is empty")
+    if view is None and not store.views:
+        raise StoreError(f"{store.path}: no document vectors to search (token views only: "
+                         f"{', '.join(store.token_views)}); add a pooled view to the job")
     view = view or store.views[0]
     return top_k(store, QueryEncoder(store, view).encode(texts), view, k, level, exact)
 
@@ -111,7 +124,8 @@ def snippet(store: Store, hit: Hit, width: int = 120) -> str:
     spec = store.provenance.job.input
     try:
         if spec.text_column in store.docs:
-            text = str(np.asarray(store.docs[spec.text_column][hit.row].values))
+            value = np.asarray(store.docs[spec.text_column][hit.row].values).item()
+            text = "" if value is None else str(value)  # a null text is carried as None
         else:
             text = read_text(spec, hit.row)
     except Exception:  # noqa: BLE001 - the input may have moved; the hit stands without it

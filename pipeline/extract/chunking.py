@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import JobError
 from ..spec import ChunkingSpec
 
 PARAGRAPH_BREAK = re.compile(r"\n[^\S\n]*(?:\r?\n[^\S\n]*)+")  # a blank line, any line endings
@@ -29,6 +30,7 @@ SENTENCE_BREAK = re.compile(r"(?<=[.!?…])[\"'”’)\]]*\s+|(?<=[。！？])")
 
 STATUS_OK = "ok"
 STATUS_EMPTY = "empty"
+FRAGMENTED_PIECES = 3  # a word cut into this many word pieces or more counts as fragmented
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,18 @@ class ChunkedPartition:
     chunk_start: np.ndarray  # (M,) character offsets, [start, end)
     chunk_end: np.ndarray  # (M,)
     chunk_ids: list[list[int]] = field(repr=False)  # (M,) token ids incl. special tokens
+    # vocabulary fit, per document, from the same tokenization (see `word_pieces`)
+    n_unk: np.ndarray  # (N,) unknown-token ids among the content tokens
+    n_words: np.ndarray  # (N,) words: the tokenizer's pre-tokens
+    n_fragmented: np.ndarray  # (N,) words cut into FRAGMENTED_PIECES or more pieces
+    # (M,) the chunk's content tokens as a range [tok_start, tok_end) of its document's
+    # tokens, overlap included
+    chunk_tok_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    chunk_tok_end: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # (N,) per document its content token ids (T_i,) and character offsets (T_i, 2); kept
+    # only when asked (token views), else empty
+    doc_token_ids: list[np.ndarray] = field(default_factory=list, repr=False)
+    doc_offsets: list[np.ndarray] = field(default_factory=list, repr=False)
 
     @cached_property
     def chunk_n_tokens(self) -> np.ndarray:
@@ -83,19 +97,32 @@ class Span:
     end: int
 
 
-def content_budget(spec: ChunkingSpec, model_max_tokens: int, max_positions: int,
+def content_budget(spec: ChunkingSpec, model_max_tokens: int | None, max_positions: int,
                    specials: Specials) -> int:
-    """Content tokens per chunk: the chunk limit minus the special tokens."""
-    limit = min(spec.max_tokens or model_max_tokens, model_max_tokens, max_positions)
+    """Content tokens per chunk: the chunk limit minus the special tokens.
+
+    The chunk limit is `chunking.max_tokens`, else `model.max_tokens`, else the model's own
+    limit (`max_positions`: 512 for BERT, 8192 for ModernBERT); never more than the model's.
+    """
+    model_limit = min(model_max_tokens or max_positions, max_positions)
+    limit = min(spec.max_tokens or model_limit, model_limit)
     budget = limit - specials.count
-    if budget <= spec.overlap:
-        raise ValueError(f"chunk budget {budget} must exceed overlap {spec.overlap}")
+    if spec.overlap and 2 * spec.overlap >= budget:
+        raise JobError(f"chunking.overlap: {spec.overlap} must be under half of the "
+                       f"{budget} content tokens per chunk (the least of chunking.max_tokens, "
+                       f"model.max_tokens and the model's {max_positions} positions, less "
+                       f"{specials.count} special tokens)")
+    if budget < 1:
+        raise JobError(f"chunking.max_tokens: {limit} tokens leave no room for text beside "
+                       f"{specials.count} special tokens")
     return budget
 
 
 def chunk_partition(texts: Sequence[str | None], tokenizer: Any, spec: ChunkingSpec,
-                    budget: int, specials: Specials) -> ChunkedPartition:
-    """Tokenize every text once and cut it into chunks according to `spec.strategy`."""
+                    budget: int, specials: Specials, keep_tokens: bool = False
+                    ) -> ChunkedPartition:
+    """Tokenize every text once and cut it into chunks according to `spec.strategy`;
+    `keep_tokens` also keeps each document's token ids and offsets (token views)."""
     present = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
     encodings = tokenizer([texts[i] for i in present], add_special_tokens=False,
                           return_offsets_mapping=True, return_attention_mask=False,
@@ -108,6 +135,10 @@ def chunk_partition(texts: Sequence[str | None], tokenizer: Any, spec: ChunkingS
     truncated = np.zeros(n, bool)
     status = [STATUS_EMPTY] * n
     docs, seqs, starts, ends, ids_out = [], [], [], [], []
+    tok_starts, tok_ends = [], []
+    no_tokens = np.zeros(0, np.int64)
+    doc_ids = [no_tokens] * n if keep_tokens else []
+    doc_offsets = [no_tokens.reshape(0, 2)] * n if keep_tokens else []
     for i, ids, offsets in zip(present, encodings["input_ids"], encodings["offset_mapping"],
                                strict=True):
         if not ids:  # only characters the tokenizer drops: nothing to encode
@@ -120,19 +151,54 @@ def chunk_partition(texts: Sequence[str | None], tokenizer: Any, spec: ChunkingS
         n_chunks[i] = len(spans)
         n_covered[i] = spans[-1].tok_end  # own token ranges tile [0, last end)
         truncated[i] = n_covered[i] < len(ids)
+        if keep_tokens:
+            doc_ids[i] = np.asarray(ids, np.int64)
+            doc_offsets[i] = np.asarray(offsets, np.int64).reshape(-1, 2)
         for seq, s in enumerate(spans):
             docs.append(i)
             seqs.append(seq)
             starts.append(s.start)
             ends.append(s.end)
+            tok_starts.append(s.tok_start)
+            tok_ends.append(s.tok_end)
             ids_out.append([*specials.prefix, *ids[s.tok_start : s.tok_end], *specials.suffix])
+    n_unk, n_words, n_fragmented = vocabulary_counts(encodings, present, n, tokenizer)
     return ChunkedPartition(
         n_tokens=n_tokens, n_covered=n_covered, n_chunks=n_chunks, truncated=truncated,
         status=status,
         chunk_doc=np.asarray(docs, np.int64), chunk_seq=np.asarray(seqs, np.int64),
         chunk_start=np.asarray(starts, np.int64), chunk_end=np.asarray(ends, np.int64),
-        chunk_ids=ids_out,
+        chunk_ids=ids_out, n_unk=n_unk, n_words=n_words, n_fragmented=n_fragmented,
+        chunk_tok_start=np.asarray(tok_starts, np.int64),
+        chunk_tok_end=np.asarray(tok_ends, np.int64),
+        doc_token_ids=doc_ids, doc_offsets=doc_offsets,
     )
+
+
+def vocabulary_counts(encodings: Any, present: Sequence[int], n: int, tokenizer: Any
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(N,) [UNK] tokens, words and fragmented words per text, read off the encoding that
+    chunking already made (`present[k]` is the text behind encoding k)."""
+    n_unk, n_words, n_fragmented = (np.zeros(n, np.int64) for _ in range(3))
+    unk_id = getattr(tokenizer, "unk_token_id", None)
+    for k, i in enumerate(present):
+        ids = encodings["input_ids"][k]
+        pieces = word_pieces(encodings.word_ids(k))
+        n_unk[i] = ids.count(unk_id) if unk_id is not None else 0
+        n_words[i] = len(pieces)
+        n_fragmented[i] = int((pieces >= FRAGMENTED_PIECES).sum())
+    return n_unk, n_words, n_fragmented
+
+
+def word_pieces(word_ids: Sequence[int | None]) -> np.ndarray:
+    """Pieces per word of one text, from the fast tokenizer's `word_ids()` of the same
+    encoding (no second pass). A word is a pre-token of the model's own tokenizer: for
+    BERT's WordPiece a run of non-space characters split at every punctuation character,
+    each CJK ideograph a word of its own; for SentencePiece models a whitespace-separated
+    run; for byte-level BPE a run of letters, digits or symbols with its leading space."""
+    w = np.fromiter((-1 if x is None else x for x in word_ids), np.int64, len(word_ids))
+    counts = np.bincount(w[w >= 0])
+    return counts[counts > 0]
 
 
 def _spans_for(text: str, offsets: Sequence[tuple[int, int]], spec: ChunkingSpec,

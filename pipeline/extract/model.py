@@ -2,13 +2,13 @@
 
 `LoadedModel` is what a worker keeps in memory for the whole job: the tokenizer, the
 torch module (cut down to the layers the views need), and the facts the rest of the
-pipeline asks about (layer count, position limit, the pooler's weights).
+pipeline asks about (layer count, position limit, the pooler's weights). What differs
+between encoder families lives in `families`.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,17 +19,19 @@ import torch
 from ..errors import ModelError
 from ..fileutil import sha256_file
 from ..spec import ModelSpec
+from .families import (
+    check_cls_attention,
+    check_pooler,
+    cut_blocks,
+    reserved_positions,
+    take_pooler,
+)
 
-log = logging.getLogger(__name__)
+# model types whose position table starts after padding_idx (RoBERTa-style embeddings): what
+# `reserved_positions` finds on a loaded module, known from the config before loading
+PADDING_OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert", "longformer",
+                                      "roberta-prelayernorm", "xlm-roberta-xl"})
 
-# Model families whose checkpoints ship a pooler that was never trained (no NSP task).
-UNTRAINED_POOLER_TYPES = frozenset({"roberta", "xlm-roberta", "camembert", "longformer"})
-
-# Where each family keeps its per-layer list of transformer blocks.
-BLOCK_PATHS = ("encoder.layer",  # BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DeBERTa
-               "transformer.layer",  # DistilBERT
-               "layers",  # ModernBERT
-               "encoder.layers")
 
 
 @dataclass
@@ -38,6 +40,7 @@ class LoadedModel:
     module: torch.nn.Module
     model_type: str
     n_layers: int  # transformer blocks; hidden_states has n_layers + 1 entries
+    blocks_run: int  # blocks one forward pass computes (fewer than n_layers when cut)
     hidden_size: int
     max_positions: int  # usable positions per sequence, special tokens included
     device: torch.device
@@ -46,13 +49,15 @@ class LoadedModel:
 
 
 def load_model(
-    spec: ModelSpec, keep_layers: int | None = None, need_pooler: bool = False
+    spec: ModelSpec, keep_layers: int | None = None, need_pooler: bool = False,
+    need_cls_attention: bool = False,
 ) -> LoadedModel:
     """Load tokenizer and encoder from a local directory or the offline cache.
 
     `keep_layers`: run only the first k transformer blocks (views need nothing above).
     `need_pooler`: refuse a checkpoint whose pooler weights are absent, because
     transformers would silently initialise a random one.
+    `need_cls_attention`: refuse a family whose [CLS] attention cannot be recomputed exactly.
     """
     config = load_config(spec)
     tokenizer = load_tokenizer(spec)
@@ -62,7 +67,9 @@ def load_model(
     pooler = take_pooler(module, missing)
     if need_pooler:
         check_pooler(pooler, spec.path, model_type)
-    cut_blocks(module, n_layers, keep_layers)
+    if need_cls_attention:
+        check_cls_attention(model_type)
+    blocks_run = cut_blocks(module, n_layers, keep_layers)
     device = resolve_device(spec.device)
     compute_dtype = resolve_dtype(spec.dtype, device)
     # Half-precision weights rather than autocast: no per-batch weight casts (measured
@@ -74,6 +81,7 @@ def load_model(
         module=module,
         model_type=model_type,
         n_layers=n_layers,
+        blocks_run=blocks_run,
         hidden_size=int(config.hidden_size),
         max_positions=max_positions(config, module, tokenizer),
         device=device,
@@ -108,12 +116,47 @@ def load_tokenizer(spec: ModelSpec) -> Any:
         tokenizer = AutoTokenizer.from_pretrained(spec.path, use_fast=True,
                                                   local_files_only=True,
                                                   trust_remote_code=spec.trust_remote_code)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, TypeError) as exc:
         raise ModelError(f"model.path: cannot load the tokenizer of {spec.path!r} offline: "
                          f"{_first_line(exc)}") from None
     if not getattr(tokenizer, "is_fast", False):
         raise ModelError(f"model.path: {spec.path!r} has no fast tokenizer (tokenizer.json)")
     return tokenizer
+
+
+def model_shape(config: Any, key: str = "model.path") -> tuple[int, int]:
+    """(transformer blocks, hidden size) from a config, or a ModelError naming what is
+    missing (an encoder config always has both)."""
+    try:
+        return int(config.num_hidden_layers), int(config.hidden_size)
+    except (AttributeError, TypeError, ValueError):
+        raise ModelError(f"{key}: its config.json gives no num_hidden_layers/hidden_size; "
+                         "not a BERT-family encoder") from None
+
+
+def has_pooler_weights(path: str) -> bool | None:
+    """Whether the safetensors weights hold a pooler, read from the file headers only;
+    None when that cannot be told without loading (pickle weights, no local files)."""
+    from safetensors import safe_open
+
+    root = Path(path)
+    if not root.is_dir():
+        try:
+            root = _cached_snapshot(path)
+        except Exception:  # noqa: BLE001 - not in the cache: the loader reports it
+            return None
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        return None
+    try:
+        for file in files:
+            with safe_open(str(file), framework="pt") as handle:
+                if any(k.endswith("pooler.dense.weight") or k == "pooler.weight"
+                       for k in handle.keys()):
+                    return True
+    except (OSError, ValueError, RuntimeError):
+        return None  # an unreadable header: the loader reports it with its own message
+    return False
 
 
 def load_weights(spec: ModelSpec) -> tuple[torch.nn.Module, set[str]]:
@@ -134,7 +177,8 @@ def load_weights(spec: ModelSpec) -> tuple[torch.nn.Module, set[str]]:
                 spec.path, output_loading_info=True, dtype=torch.float32,
                 use_safetensors=None if spec.allow_pickle else True,
                 local_files_only=True, trust_remote_code=spec.trust_remote_code)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a damaged .bin fails inside the unpickler as
+        # anything (UnpicklingError, IndexError, EOFError, ...): all mean unusable weights
         hint = "" if spec.allow_pickle else " (safetensors only unless model.allow_pickle: true)"
         raise ModelError(f"model.path: cannot load weights of {spec.path!r}{hint}: "
                          f"{_first_line(exc)}") from None
@@ -165,58 +209,6 @@ def _cached_snapshot(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
 
     return Path(snapshot_download(repo_id, local_files_only=True))
-
-
-# ---- pooler --------------------------------------------------------------------------
-
-def take_pooler(module: torch.nn.Module, missing: set[str]) -> torch.nn.Linear | None:
-    """Detach the pooler from the forward pass and keep its dense layer (W, b).
-
-    Nothing computes the pooler per batch unless a view asks; the `pooler` pooling applies
-    tanh(h_cls @ W.T + b) itself. None when the checkpoint has no pooler weights (a
-    random one is never used) or the pooler is not a dense layer followed by tanh.
-    """
-    pooler = getattr(module, "pooler", None)
-    if pooler is None:
-        return None
-    module.register_module("pooler", None)  # out of the forward pass
-    # BERT, RoBERTa: pooler.dense + pooler.activation; ALBERT: pooler + pooler_activation
-    dense = pooler if isinstance(pooler, torch.nn.Linear) else getattr(pooler, "dense", None)
-    activation = getattr(module, "pooler_activation", getattr(pooler, "activation", None))
-    if missing or not isinstance(dense, torch.nn.Linear) or not isinstance(activation,
-                                                                          torch.nn.Tanh):
-        return None
-    return dense
-
-
-def check_pooler(pooler: torch.nn.Linear | None, path: str, model_type: str) -> None:
-    if pooler is None:
-        raise ModelError(f"pooling pooler: model {path!r} ({model_type}) has no trained "
-                         "pooler weights; use cls or mean instead")
-    if model_type in UNTRAINED_POOLER_TYPES:
-        log.warning("pooling pooler: %s checkpoints are trained without next-sentence "
-                    "prediction, so their pooler output is not a trained feature", model_type)
-
-
-# ---- blocks --------------------------------------------------------------------------
-
-def encoder_layers(module: torch.nn.Module) -> torch.nn.ModuleList:
-    """The per-layer list of transformer blocks for the encoder families we support."""
-    for path in BLOCK_PATHS:
-        node: Any = module
-        for attr in path.split("."):
-            node = getattr(node, attr, None)
-            if node is None:
-                break
-        if isinstance(node, torch.nn.ModuleList):
-            return node
-    raise ModelError(f"{type(module).__name__}: cannot find its transformer blocks")
-
-
-def cut_blocks(module: torch.nn.Module, n_layers: int, keep: int | None) -> None:
-    """Drop the blocks above `keep`: views need nothing above, so skip computing it."""
-    if keep is not None and keep < n_layers:
-        del encoder_layers(module)[keep:]
 
 
 # ---- device, dtype, positions -------------------------------------------------------
@@ -260,17 +252,17 @@ def max_positions(config: Any, module: torch.nn.Module, tokenizer: Any) -> int:
     return limit
 
 
-def reserved_positions(module: torch.nn.Module) -> int:
-    """Rows of the position table that no token uses.
-
-    RoBERTa-style embeddings (RoBERTa, XLM-RoBERTa, CamemBERT, Longformer) number the
-    positions from padding_idx + 1, so rows 0..padding_idx are never used: a 514-row table
-    holds 512 tokens. They are the tables built with a padding index; BERT-style tables
-    start at 0 and have none.
-    """
-    table = getattr(getattr(module, "embeddings", None), "position_embeddings", None)
-    padding_idx = getattr(table, "padding_idx", None)
-    return 0 if padding_idx is None else int(padding_idx) + 1
+def max_positions_of(config: Any, tokenizer: Any) -> int:
+    """The same limit read from the config alone (validation, before any weights load):
+    RoBERTa-style position tables reserve padding_idx + 1 rows, as `reserved_positions`
+    finds on a loaded module."""
+    limit = int(getattr(config, "max_position_embeddings", 512))
+    if getattr(config, "model_type", "") in PADDING_OFFSET_POSITIONS:
+        limit -= int(getattr(config, "pad_token_id", 1) or 0) + 1
+    tok_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_limit, int) and 0 < tok_limit < limit:
+        limit = tok_limit
+    return limit
 
 
 def _first_line(exc: BaseException) -> str:

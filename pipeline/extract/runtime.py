@@ -80,8 +80,15 @@ def load_encoder(spec: ModelSpec, config: Any, views: Sequence[ResolvedView],
                  needs: ForwardNeeds) -> tuple[LoadedModel, Encoder, Runtime]:
     """The loaded model, the encoder that runs it, and the runtime actually used."""
     name = choose_runtime(spec, config)
+    token_views = [v.name for v in views if v.per_token]
+    if name == "openvino" and token_views:
+        if spec.runtime == "openvino":
+            raise ModelError(f"model.runtime: openvino gives pooled views only; token views "
+                             f"({', '.join(token_views)}) need model.runtime: torch")
+        name = "torch"  # auto: token views are computed by the torch encoder
     if name == "torch":
-        model = load_model(spec, keep_layers=needs.blocks_to_run, need_pooler=needs.pooler)
+        model = load_model(spec, keep_layers=needs.blocks_to_run, need_pooler=needs.pooler,
+                           need_cls_attention=needs.cls_attention)
         runtime = Runtime("torch", dtype_name(model.compute_dtype))
         return model, Encoder(model, views, needs), runtime
 

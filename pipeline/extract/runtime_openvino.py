@@ -314,7 +314,10 @@ class OpenVINOEncoder(Encoder):
         self._cls_attention = None
         self.forward = forward
 
-    def encode_batch(self, sequences: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:
+    def encode_batch(self, sequences: Sequence[Sequence[int]],
+                     keep: Sequence[tuple[int, int]] | None = None) -> dict[str, np.ndarray]:
+        if keep is not None:  # never: `load_encoder` keeps token views on torch
+            raise ModelError("model.runtime: token views run on torch")
         ids, mask = self._pad(sequences)  # (B, T) int64 on the CPU
         states, cls_attention = self.forward(ids.numpy(), mask.numpy())
         bool_mask = mask.bool()
@@ -378,6 +381,7 @@ def weightless_model(spec: ModelSpec, config: Any, needs: ForwardNeeds,
         module=WEIGHTLESS,
         model_type=str(config.model_type),
         n_layers=int(config.num_hidden_layers),
+        blocks_run=needs.blocks_to_run,  # the graph computes exactly the blocks needed
         hidden_size=int(config.hidden_size),
         # a BERT position table reserves no rows (the module's only say in the limit)
         max_positions=max_positions(config, WEIGHTLESS, tokenizer),

@@ -8,6 +8,7 @@ groups that cover it.
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ..spec import InputSpec
+from ..stores.provenance import InputFile
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class Partition:
     row_start: int  # global row number of the first row
     row_stop: int
     file_offset: int  # row number inside `file` of the first row
+    footer_sha256: str = ""  # identity of `file` when planned (see `file_identity`)
 
     @property
     def n_rows(self) -> int:
@@ -56,19 +59,89 @@ def list_files(path: str) -> list[str]:
     return files
 
 
-def plan_partitions(spec: InputSpec, partition_rows: int) -> list[Partition]:
+@dataclass(frozen=True)
+class ScannedFile:
+    path: str
+    rows: int
+    schema: pa.Schema
+
+
+@dataclass(frozen=True)
+class InputScan:
+    """What the Parquet footers say about the input: files, rows, and the type of the id
+    and each carried column (the same kind in every file; widths are unified at commit)."""
+
+    files: tuple[ScannedFile, ...]
+    types: dict[str, pa.DataType]
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self.files)
+
+
+def scan_input(spec: InputSpec) -> InputScan:
+    """Check the input from Parquet metadata alone (no data read): every file has the
+    columns, the text is a string, ids and carried columns have supported types of one
+    kind across files, and the footer statistics show no null id."""
+    files = []
+    first: dict[str, tuple[str, pa.DataType]] = {}  # column -> (file, type) seen first
+    for file in list_files(spec.path):
+        pf = _open(file)
+        schema = pf.schema_arrow
+        check_columns(spec, schema, file)
+        for key, column in _typed_columns(spec):
+            kind_type = plain_type(schema.field(column).type)
+            _check_supported(key, column, kind_type, file)
+            if column in first:
+                _check_compatible(key, column, first[column], (file, kind_type),
+                                  exact_kind=key == "input.id_column")
+            elif not pa.types.is_null(kind_type):
+                first[column] = (file, kind_type)
+        if spec.id_column:
+            _check_no_null_ids(pf, spec.id_column, file)
+        files.append(ScannedFile(file, pf.metadata.num_rows, schema))
+    types = {column: first[column][1] if column in first else pa.null()
+             for _, column in _typed_columns(spec)}
+    return InputScan(tuple(files), types)
+
+
+def plan_partitions(spec: InputSpec, partition_rows: int,
+                    scan: InputScan | None = None) -> list[Partition]:
     """Partitions of at most `partition_rows` rows; checks columns and types first."""
+    scan = scan or scan_input(spec)
     parts: list[Partition] = []
     row = 0
-    for file in list_files(spec.path):
-        meta = _open(file)
-        check_columns(spec, meta.schema_arrow, file)
-        n = meta.metadata.num_rows
-        for offset in range(0, n, partition_rows):
-            size = min(partition_rows, n - offset)
-            parts.append(Partition(len(parts), file, row + offset, row + offset + size, offset))
-        row += n
+    for f in scan.files:
+        footer = file_identity(f.path).footer_sha256
+        for offset in range(0, f.rows, partition_rows):
+            size = min(partition_rows, f.rows - offset)
+            parts.append(Partition(len(parts), f.path, row + offset, row + offset + size, offset,
+                                   footer))
+        row += f.rows
     return parts
+
+
+def input_identity(spec: InputSpec) -> tuple[InputFile, ...]:
+    """What identifies the input, file by file, from the files' footers only."""
+    return tuple(file_identity(file) for file in list_files(spec.path))
+
+
+def file_identity(file: str) -> InputFile:
+    """Path, size, rows and the SHA-256 of the Parquet footer (schema, row groups and their
+    column statistics): a changed table changes it, and no data page is read."""
+    with open(file, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size < 12:
+            raise InputError(f"input.path: {file} is not a readable Parquet file (too short)")
+        f.seek(size - 8)
+        tail = f.read(8)
+        length = int.from_bytes(tail[:4], "little")
+        if tail[4:] not in (b"PAR1", b"PARE") or length > size - 12:
+            raise InputError(f"input.path: {file} is not a readable Parquet file (no footer)")
+        f.seek(size - 8 - length)
+        footer = f.read(length)
+    return InputFile(path=file, size=size, rows=_open(file).metadata.num_rows,
+                     footer_sha256=hashlib.sha256(footer).hexdigest())
 
 
 def check_columns(spec: InputSpec, schema: pa.Schema, file: str) -> None:
@@ -81,11 +154,105 @@ def check_columns(spec: InputSpec, schema: pa.Schema, file: str) -> None:
         if column not in names:
             raise InputError(f"{key}: column {column!r} not in {file} "
                              f"(columns: {', '.join(schema.names)})")
-    text_type = schema.field(spec.text_column).type
-    if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)
-            or pa.types.is_string_view(text_type)):
+        if schema.names.count(column) > 1:
+            raise InputError(f"{key}: {file} has {schema.names.count(column)} columns named "
+                             f"{column!r}")
+    text_type = plain_type(schema.field(spec.text_column).type)
+    if not (pa.types.is_string(text_type) or pa.types.is_null(text_type)):
         raise InputError(f"input.text_column: column {spec.text_column!r} in {file} has type "
-                         f"{text_type}, expected string")
+                         f"{schema.field(spec.text_column).type}, expected string")
+
+
+def plain_type(dtype: pa.DataType) -> pa.DataType:
+    """The type a column is read as: dictionaries decoded, every string flavour `string`."""
+    if pa.types.is_dictionary(dtype):
+        return plain_type(dtype.value_type)
+    if pa.types.is_large_string(dtype) or pa.types.is_string_view(dtype):
+        return pa.string()
+    return dtype
+
+
+def carry_kind(dtype: pa.DataType) -> str | None:
+    """The kind of a plain column type that can be carried and used as an id, else None."""
+    checks = (("integer", pa.types.is_integer), ("float", pa.types.is_floating),
+              ("bool", pa.types.is_boolean), ("string", pa.types.is_string),
+              ("date", pa.types.is_date), ("null", pa.types.is_null))
+    for kind, check in checks:
+        if check(dtype):
+            return kind
+    if pa.types.is_timestamp(dtype) and dtype.tz is None:
+        return "timestamp"
+    return None
+
+
+CARRY_KINDS = "integers, floats, booleans, strings, dates and timestamps without a time zone"
+
+
+def _typed_columns(spec: InputSpec) -> list[tuple[str, str]]:
+    keyed = [("input.id_column", spec.id_column)] if spec.id_column else []
+    keyed += [("input.carry_columns", c) for c in spec.carry_columns if c != spec.id_column]
+    return keyed
+
+
+def _check_supported(key: str, column: str, dtype: pa.DataType, file: str) -> None:
+    kind = carry_kind(dtype)
+    if key == "input.id_column":
+        if kind not in ("integer", "string", "null"):
+            raise InputError(f"input.id_column: column {column!r} in {file} has type {dtype}; "
+                             "ids must be integers or strings")
+        if kind == "null":
+            raise InputError(f"input.id_column: column {column!r} in {file} holds only nulls; "
+                             "every row needs an id")
+        return
+    if kind is not None:
+        return
+    if pa.types.is_timestamp(dtype):
+        hint = "store it in UTC without a time zone (cast to timestamp) or as a string"
+    elif pa.types.is_nested(dtype):
+        hint = "list, struct and map columns are not carried; flatten it or serialise it " \
+               "to a string column"
+    else:
+        hint = "convert it to one of these first"
+    raise InputError(f"{key}: column {column!r} in {file} has type {dtype}; carried columns "
+                     f"may be {CARRY_KINDS}: {hint}")
+
+
+def _check_compatible(key: str, column: str, first: tuple[str, pa.DataType],
+                      this: tuple[str, pa.DataType], exact_kind: bool) -> None:
+    """Columns of one name must have one kind in every file: they become one array."""
+    (file_a, type_a), (file_b, type_b) = first, this
+    kinds = {carry_kind(type_a), carry_kind(type_b)}
+    if "null" in kinds and not exact_kind:
+        return
+    unsigned_64 = pa.uint64() in (type_a, type_b)
+    signed = any(pa.types.is_signed_integer(t) for t in (type_a, type_b))
+    same = len(kinds) == 1 and not (unsigned_64 and signed)
+    if same and "timestamp" not in kinds and "date" not in kinds:
+        return
+    if same and type_a == type_b:
+        return
+    if not exact_kind and kinds == {"integer", "float"}:
+        return  # carried numbers: integers and floats become float64
+    raise InputError(f"{key}: column {column!r} is {type_a} in {file_a} but {type_b} in "
+                     f"{file_b}; it must have one type in every file")
+
+
+def _check_no_null_ids(pf: pq.ParquetFile, column: str, file: str) -> None:
+    """Null ids from the row-group statistics, where the writer recorded them."""
+    meta = pf.metadata
+    index = next((j for j in range(meta.num_columns)
+                  if meta.schema.column(j).path == column), None)
+    if index is None:
+        return
+    start = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        stats = group.column(index).statistics
+        if stats is not None and stats.has_null_count and stats.null_count:
+            raise InputError(f"input.id_column: {stats.null_count} null ids in column "
+                             f"{column!r} of {file} (row group {g}, rows {start}-"
+                             f"{start + group.num_rows - 1}); every row needs an id")
+        start += group.num_rows
 
 
 def read_partition(spec: InputSpec, part: Partition) -> PartitionRows:
@@ -94,10 +261,16 @@ def read_partition(spec: InputSpec, part: Partition) -> PartitionRows:
     columns = list(dict.fromkeys(
         [spec.text_column, *([spec.id_column] if spec.id_column else []), *spec.carry_columns]))
     groups, first_row = _row_groups_covering(pf.metadata, part.file_offset, part.n_rows)
-    table = pf.read_row_groups(groups, columns=columns)
+    try:
+        table = pf.read_row_groups(groups, columns=columns)
+    except (OSError, pa.ArrowException) as exc:
+        last = part.file_offset + part.n_rows - 1
+        raise InputError(f"input.path: {part.file} cannot be read at rows {part.file_offset}-"
+                         f"{last} (row groups {groups[0]}-{groups[-1]}): "
+                         f"{_first_line(exc)}") from None
     table = table.slice(part.file_offset - first_row, part.n_rows)
     if spec.id_column:
-        ids = table.column(spec.id_column).combine_chunks()
+        ids = plain_array(table.column(spec.id_column))
         if ids.null_count:
             bad = part.row_start + int(np.flatnonzero(ids.is_null().to_numpy(False))[0])
             raise InputError(f"input.id_column: null id in column {spec.id_column!r} at row {bad}")
@@ -106,8 +279,17 @@ def read_partition(spec: InputSpec, part: Partition) -> PartitionRows:
     return PartitionRows(
         ids=ids,
         texts=table.column(spec.text_column).to_pylist(),
-        carry={c: table.column(c).combine_chunks() for c in spec.carry_columns},
+        carry={c: plain_array(table.column(c)) for c in spec.carry_columns},
     )
+
+
+def plain_array(column: pa.ChunkedArray) -> pa.Array:
+    """One array of the column's `plain_type` (dictionaries decoded, strings `string`)."""
+    array = column.combine_chunks()
+    if pa.types.is_dictionary(array.type):
+        array = array.dictionary_decode()
+    target = plain_type(array.type)
+    return array if array.type == target else array.cast(target)
 
 
 def read_text(spec: InputSpec, row: int) -> str:
@@ -136,5 +318,11 @@ def _row_groups_covering(meta: Any, offset: int, n_rows: int) -> tuple[list[int]
 def _open(file: str) -> pq.ParquetFile:
     try:
         return pq.ParquetFile(file)
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise InputError(f"input.path: {file} is not a readable Parquet file ({exc})") from None
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"input.path: {file} is not a readable Parquet file "
+                         f"({_first_line(exc)})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -12,11 +12,12 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from ..errors import StoreError
-from ..spec import PostSpec
+from ..errors import JobError, OptionError, StoreError
+from ..spec import PostSpec, check_new_name, job_names
 from ..stores.base import StoreFormat
 from ..stores.opened import StoreData, open_store_data
 from ..stores.provenance import PostInfo, Provenance
+from ..stores.verify import summarize, verify_store
 from .geometry import PostTransform, fit
 
 
@@ -38,16 +39,39 @@ def fit_view(fmt: StoreFormat, path: str, docs: xr.Dataset, has_chunks: bool,
 def postprocess(store_path: str, view: str, spec: PostSpec, name: str | None = None) -> str:
     """Add view `name` (default VIEW_METHOD) = `spec` fitted on `view` to a complete store."""
     store = open_store_data(store_path)
+    if view in store.token_views:
+        raise StoreError(f"--view: {view!r} is a token view (pooling: tokens); geometry fixes "
+                         "are fitted on document vectors")
     if view not in store.views:
         raise StoreError(f"--view: {view!r} is not a view of {store_path}; views: "
                          f"{', '.join(store.views)}")
-    target = name or f"{view}_{spec.method}"
+    target = name if name is not None else f"{view}_{spec.method}"
     if target in store.views:
         raise StoreError(f"--name: {target!r} already exists in {store_path}")
+    problems = verify_store(store_path)  # why: the new seal must never cover damaged files
+    if problems:
+        raise StoreError(f"{store_path}: fails verification, left unchanged: "
+                         f"{summarize(problems)}")
+    taken = {**job_names(store.provenance.job), **{v: "view" for v in store.views}}
+    try:
+        check_new_name(target, "--name", taken)
+    except JobError as exc:
+        raise OptionError(str(exc)) from None
+    _check_sizes(spec, view, int(store.docs[view].shape[1]))
     provenance = fit_view(store.fmt, store_path, store.docs, store.chunks is not None,
                           store.provenance, view, target, spec)
     store.fmt.update_provenance(store_path, provenance.to_dict())
     return target
+
+
+def _check_sizes(spec: PostSpec, view: str, width: int) -> None:
+    """Dimensions kept or removed must fit the view (checked before anything is written)."""
+    if spec.dims is not None and not 1 <= spec.dims <= width:
+        raise OptionError(f"--dims: {spec.dims} is out of range for view {view!r} of width "
+                          f"{width} (1..{width})")
+    if spec.method == "abtt" and not 1 <= spec.d < width:
+        raise OptionError(f"-d: removing {spec.d} directions of view {view!r} of width {width} "
+                          f"is out of range (1..{width - 1})")
 
 
 def load_transform(store: StoreData, view: str) -> PostTransform | None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import JobError
+from ..errors import InputError, JobError
 
 METHODS = ("center", "whiten", "abtt")
 BLOCK_ROWS = 65536
@@ -72,7 +72,8 @@ def moments(array: Any) -> tuple[np.ndarray, np.ndarray, int]:
         outer += block.T @ block
         n += len(block)
     if not n or total is None or outer is None:
-        raise ValueError("no finite rows to fit on")
+        raise InputError("post: no finite rows to fit on (every document of the view is "
+                         "empty)")
     mean = total / n
     cov = outer / n - np.outer(mean, mean)
     return mean, cov, n

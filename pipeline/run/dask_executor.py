@@ -4,6 +4,12 @@ Each worker loads the model once (a `WorkerPlugin`), sets torch's thread count t
 threads, and writes its partitions straight into the store's staging area; the client
 only submits, watches and commits. A partition is one task with `retries`; a worker
 killed mid-task has its task rerun elsewhere, which writes the same bits.
+
+A task reports a bertpipe error as a value, not by raising: such errors are deterministic
+(retrying cannot help) and are reported like the in-process executor does, the model's
+errors as themselves and a partition's as that partition's failure, with no worker
+traceback. A remote scheduler is reached when the executor is entered, before the store is
+touched; one that cannot be reached is a `SchedulerError` (exit 7).
 """
 
 from __future__ import annotations
@@ -11,20 +17,23 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from types import TracebackType
 from typing import Any, cast
 
 from distributed import WorkerPlugin
 
-from ..errors import JobError
+from ..errors import BertpipeError, JobError, SchedulerError
 from ..extract.partition import Extractor
 from ..extract.source import Partition
 from ..spec import Job
 from ..stores import Staging
-from .executors import Failures, OnDone, failure_reason, run_partition
+from .executors import Failures, OnBatch, OnDone, failure_reason, run_partition
 
 log = logging.getLogger(__name__)
+PROGRESS_TOPIC = "bertpipe-progress"
 
 
 class ExtractorPlugin(WorkerPlugin):
@@ -53,6 +62,8 @@ class ExtractorPlugin(WorkerPlugin):
         self._extractor = None
 
     def run(self, part: Partition, store_path: str, fingerprint: str) -> dict[str, Any]:
+        """{"marker": ...}, or {"setup_error": exc} when the model cannot serve the job, or
+        {"error": exc} when this partition cannot be done (see the module docstring)."""
         import torch
 
         assert self.lock is not None  # set in setup
@@ -61,8 +72,22 @@ class ExtractorPlugin(WorkerPlugin):
             # calling thread: set it in the thread that runs the forward passes.
             torch.set_num_threads(self.threads)
             if self._extractor is None:
-                self._extractor = Extractor(self.job)
-            return run_partition(self._extractor, Staging(store_path), part, fingerprint)
+                try:
+                    self._extractor = Extractor(self.job)
+                except BertpipeError as exc:
+                    return {"setup_error": exc}
+            try:
+                return {"marker": run_partition(self._extractor, Staging(store_path), part,
+                                                fingerprint, _publish_batches)}
+            except BertpipeError as exc:
+                return {"error": exc}
+
+
+def _publish_batches(part: Partition, done: int, total: int) -> None:
+    """A batch's progress as a worker event; the client subscribes to the topic."""
+    from distributed import get_worker
+
+    get_worker().log_event(PROGRESS_TOPIC, {"index": part.index, "done": done, "total": total})
 
 
 def _partition_task(part: Partition, store_path: str, fingerprint: str, plugin: str
@@ -79,38 +104,78 @@ class DaskExecutor:
         self.scheduler = scheduler
         self.workers = workers
         self.threads_per_worker = threads_per_worker  # torch threads; None: the worker's own
+        self.on_batch: OnBatch | None = None  # per-batch progress, from worker events
         self.say = say
         self.dashboard: str | None = None
+        self._remote: Any = None  # the client of a remote scheduler, while entered
+
+    def __enter__(self) -> DaskExecutor:
+        if self.scheduler != "local":
+            self._remote = connect(self.scheduler)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        remote, self._remote = self._remote, None
+        if remote is not None:
+            with contextlib.suppress(Exception):  # closing a lost connection fails too
+                remote.close()
 
     def run(self, job: Job, parts: Sequence[Partition], staging: Staging, fingerprint: str,
             on_done: OnDone) -> Failures:
-        from distributed import as_completed
-
         if not parts:
             return []
         with self._client(job) as (client, torch_threads):
-            self.dashboard = getattr(client, "dashboard_link", None)
-            self.say(f"dask scheduler {client.scheduler.address}"
-                     + (f", dashboard {self.dashboard}" if self.dashboard else ""))
-            name = f"bertpipe-{fingerprint[:16]}"
-            client.register_plugin(ExtractorPlugin(job, name, torch_threads), name=name)
-            resources = {"GPU": 1} if _wants_gpu(client, job) else None
-            futures = {
-                client.submit(_partition_task, part, job.output.path, fingerprint, name,
-                              key=f"{name}-part-{part.index}", retries=job.execution.retries,
-                              resources=resources, pure=False): part
-                for part in parts
-            }
-            failures = []
-            for future in as_completed(futures):
-                part = futures[future]
-                try:
-                    marker = future.result()
-                except Exception as exc:  # noqa: BLE001 - reported per partition, not raised
-                    failures.append((part, failure_reason(exc)))
-                    continue
-                on_done(part, marker)
-            return failures
+            try:
+                return self._run(client, torch_threads, job, parts, fingerprint, on_done)
+            except OSError as exc:  # CommClosedError included: the scheduler went away
+                raise SchedulerError(
+                    f"execution.scheduler: lost the connection to the Dask scheduler at "
+                    f"{self.scheduler} ({_first_line(exc)}); finished partitions are kept, "
+                    "rerun to resume") from None
+
+    def _run(self, client: Any, torch_threads: int | None, job: Job,
+             parts: Sequence[Partition], fingerprint: str, on_done: OnDone) -> Failures:
+        from distributed import as_completed
+
+        self.dashboard = getattr(client, "dashboard_link", None)
+        self.say(f"dask scheduler {client.scheduler.address}"
+                 + (f", dashboard {self.dashboard}" if self.dashboard else ""))
+        name = f"bertpipe-{fingerprint[:16]}"
+        client.register_plugin(ExtractorPlugin(job, name, torch_threads), name=name)
+        if self.on_batch is not None:
+            by_index = {p.index: p for p in parts}
+            on_batch = self.on_batch
+
+            def show(event: tuple[float, dict[str, int]]) -> None:
+                msg = event[1]
+                if msg.get("index") in by_index:
+                    on_batch(by_index[msg["index"]], int(msg["done"]), int(msg["total"]))
+
+            client.subscribe_topic(PROGRESS_TOPIC, show)
+        resources = {"GPU": 1} if _wants_gpu(client, job) else None
+        futures = {
+            client.submit(_partition_task, part, job.output.path, fingerprint, name,
+                          key=f"{name}-part-{part.index}", retries=job.execution.retries,
+                          resources=resources, pure=False): part
+            for part in parts
+        }
+        failures = []
+        for future in as_completed(futures):
+            part = futures[future]
+            try:
+                outcome = future.result()
+            except Exception as exc:  # noqa: BLE001 - reported per partition, not raised
+                failures.append((part, failure_reason(exc)))
+                continue
+            if "setup_error" in outcome:  # would fail every partition: as in-process
+                client.cancel(list(futures))
+                raise outcome["setup_error"]
+            if "error" in outcome:
+                failures.append((part, failure_reason(outcome["error"])))
+                continue
+            on_done(part, outcome["marker"])
+        return failures
 
     @contextlib.contextmanager
     def _client(self, job: Job) -> Iterator[tuple[Any, int | None]]:
@@ -120,12 +185,81 @@ class DaskExecutor:
         if not log.isEnabledFor(logging.INFO):  # Dask's own INFO lines drown the progress
             logging.getLogger("distributed").setLevel(logging.ERROR)
         if self.scheduler != "local":
-            with Client(self.scheduler, timeout="20s") as client:
+            if self._remote is not None:
+                yield self._remote, self.threads_per_worker
+                return
+            with connect(self.scheduler) as client:
                 yield client, self.threads_per_worker
             return
         n, threads = _local_shape(job, self.workers, self.threads_per_worker)
         with _local_cluster(job, n, threads) as cluster, Client(cluster) as client:
             yield client, threads
+
+
+def connect(address: str) -> Any:
+    """A client of the scheduler at `address`, or a one-line error: SchedulerError when it
+    cannot be reached within Dask's `distributed.comm.timeouts.connect`, JobError when the
+    address is malformed."""
+    import dask
+    from dask.utils import parse_timedelta
+    from distributed import Client
+
+    timeout = dask.config.get("distributed.comm.timeouts.connect")
+    seconds = parse_timedelta(timeout, "s") or 30
+    _probe(address, seconds)
+    # why a thread: a peer that accepts the connection but never answers (not a scheduler)
+    # makes the client wait forever, whatever its timeout
+    box: dict[str, Any] = {}
+
+    def start() -> None:
+        try:
+            box["client"] = Client(address, timeout=timeout)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=start, name="bertpipe-connect", daemon=True)
+    thread.start()
+    thread.join(2 * seconds + 1)
+    if thread.is_alive():
+        raise SchedulerError(f"execution.scheduler: cannot reach the Dask scheduler at {address} "
+                             f"(no answer within {seconds:g} s; is a Dask scheduler there?)")
+    error = box.get("error")
+    if isinstance(error, ValueError):
+        raise JobError(f"execution.scheduler: {address!r} is not a scheduler address "
+                       f"({_first_line(error)})")
+    if isinstance(error, (OSError, TimeoutError)):
+        raise SchedulerError(f"execution.scheduler: cannot reach the Dask scheduler at {address} "
+                             f"({_first_line(error)})")
+    if error is not None:
+        raise error
+    return box["client"]
+
+
+def _probe(address: str, seconds: float) -> None:
+    """Fail fast on a tcp address nothing listens on: a refused connection is certain at
+    once, where the client would retry until its timeout."""
+    from distributed.comm import parse_address, parse_host_port
+
+    try:
+        scheme, location = parse_address(address)
+        if scheme != "tcp":
+            return
+        host, port = parse_host_port(location)
+    except ValueError as exc:
+        raise JobError(f"execution.scheduler: {address!r} is not a scheduler address "
+                       f"({_first_line(exc)})") from None
+    try:
+        socket.create_connection((host, port), timeout=seconds).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        if isinstance(exc, TimeoutError):
+            reason = f"no answer within {seconds:g} s"
+        raise SchedulerError(f"execution.scheduler: cannot reach the Dask scheduler at "
+                             f"{address} ({reason})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _local_shape(job: Job, workers: int | None, threads: int | None) -> tuple[int, int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from types import TracebackType
 from typing import Any, Protocol
 
 from ..errors import BertpipeError
@@ -17,32 +18,48 @@ from ..spec import Job
 from ..stores import Staging
 
 # on_done(partition, marker) once per finished partition: progress and bookkeeping.
+# on_batch(partition, batches done, batches planned) after each forward pass: progress only.
+OnBatch = Callable[[Partition, int, int], None]
 OnDone = Callable[[Partition, dict[str, Any]], None]
 Failures = list[tuple[Partition, str]]
 
 
 class Executor(Protocol):
-    """Runs partitions; returns the ones that failed with a one-line reason each."""
+    """Runs partitions; returns the ones that failed with a one-line reason each.
+
+    Entered before the store is touched: that is where it reaches what it runs on (a
+    scheduler), so an unreachable one leaves nothing behind. An error that would fail every
+    partition (the model cannot be loaded) is raised as itself, by every executor alike.
+    """
+
+    def __enter__(self) -> Executor: ...
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None: ...
 
     def run(self, job: Job, parts: Sequence[Partition], staging: Staging, fingerprint: str,
             on_done: OnDone) -> Failures: ...
 
 
 def run_partition(extractor: Extractor, staging: Staging, part: Partition,
-                  fingerprint: str) -> dict[str, Any]:
+                  fingerprint: str, on_batch: OnBatch | None = None) -> dict[str, Any]:
     """Encode one partition and leave its parts and marker in the store."""
     start = time.perf_counter()
+    extractor.encoder.on_batch = (lambda done, total: on_batch(part, done, total)) \
+        if on_batch else None
     tables = extractor.run(part)
     marker = {
         "fingerprint": fingerprint,
         "rows": [part.row_start, part.row_stop],
+        "input": part.footer_sha256,
         **tables.stats,
         "device": str(extractor.model.device),
         "dtype": extractor.runtime.dtype,
         "runtime": extractor.runtime.name,
         "seconds": time.perf_counter() - start,
     }
-    return staging.write_part(part.index, {"docs": tables.docs, "chunks": tables.chunks}, marker)
+    return staging.write_part(part.index, {"docs": tables.docs, "chunks": tables.chunks,
+                                           "tokens": tables.tokens}, marker)
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -56,8 +73,16 @@ def failure_reason(exc: BaseException) -> str:
 class InProcessExecutor:
     """Everything in this process, one partition after another (`scheduler: synchronous`)."""
 
-    def __init__(self, extractor: Extractor | None = None):
+    def __init__(self, extractor: Extractor | None = None, on_batch: OnBatch | None = None):
         self.extractor = extractor
+        self.on_batch = on_batch
+
+    def __enter__(self) -> InProcessExecutor:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        return None
 
     def run(self, job: Job, parts: Sequence[Partition], staging: Staging, fingerprint: str,
             on_done: OnDone) -> Failures:
@@ -67,7 +92,7 @@ class InProcessExecutor:
         failures = []
         for part in parts:
             try:
-                marker = run_partition(extractor, staging, part, fingerprint)
+                marker = run_partition(extractor, staging, part, fingerprint, self.on_batch)
             except Exception as exc:  # noqa: BLE001 - reported per partition, as Dask does
                 failures.append((part, failure_reason(exc)))
                 continue

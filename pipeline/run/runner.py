@@ -1,8 +1,9 @@
 """Running a job: plan partitions, check the store, run what is not done, commit once.
 
-The client side lives here: it plans from Parquet metadata, decides what a rerun may
-skip, hands partitions to an executor (in-process or Dask), and commits the store's
-final arrays and provenance when every partition has a marker.
+The client side lives here: it plans from Parquet metadata, checks everything it can
+before the store is touched, decides (in `output`) what a rerun may skip, hands
+partitions to an executor (in-process or Dask) while holding the store's lock, and
+commits the store's final arrays and provenance when every partition has a marker.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -18,21 +18,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, JobError, PartitionError, StoreError
-from ..extract.model import load_config, model_fingerprint
-from ..extract.source import Partition, plan_partitions
+from ..errors import JobError, PartitionError
+from ..extract.model import model_fingerprint
+from ..extract.preflight import preflight
+from ..extract.source import Partition, input_identity
 from ..post.apply import fit_view
 from ..spec import Job
-from ..stores import FORMATS, Layout, Staging, format_named
-from ..stores.provenance import (
-    FORMAT_VERSION,
-    ModelInfo,
-    Provenance,
-    fingerprint_of,
-    is_complete,
-)
+from ..stores import Layout, Staging, format_named
+from ..stores.provenance import FORMAT_VERSION, InputFile, ModelInfo, Provenance
 from ..version import __version__
-from .executors import Executor, InProcessExecutor, OnDone
+from .executors import Executor, InProcessExecutor, OnBatch, OnDone
+from .output import OutputSession, Plan, assess, check_output_location
 
 log = logging.getLogger(__name__)
 
@@ -42,26 +38,45 @@ OnPlan = Callable[[Sequence[Partition], Sequence[Partition]], None]
 
 @dataclass
 class RunSummary:
+    """What a run did. `rows`, `chunks`, `tokens` describe the finished store; `tokens_run`
+    and the rate count only the partitions encoded by this run (not those a resume skipped).
+    Filled as the run goes, so a failed run still reports how far it got."""
+
     path: str
     rows: int = 0
     chunks: int = 0
     tokens: int = 0
+    tokens_run: int = 0
     wall_s: float = 0.0
+    partitions: int = 0
     skipped: int = 0
     run: int = 0
     failed: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
     already_complete: bool = False
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.wall_s if self.wall_s else 0.0
+        return self.tokens_run / self.wall_s if self.wall_s else 0.0
 
     def line(self) -> str:
         if self.already_complete:
             return f"{self.path}: already complete for this job; nothing to do"
-        return (f"{self.rows} rows, {self.chunks} chunks, {self.tokens} tokens in "
+        return (f"{self.rows} rows, {self.chunks} chunks, {self.tokens_run} tokens encoded in "
                 f"{self.wall_s:.1f}s ({self.tokens_per_s:,.0f} tokens/s); partitions "
                 f"skipped {self.skipped}, run {self.run}, failed {len(self.failed)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (`extract --json-summary`, schemas/run-summary.schema.json)."""
+        return {"store": self.path, "rows": self.rows, "chunks": self.chunks,
+                "tokens": self.tokens, "tokens_encoded_this_run": self.tokens_run,
+                "wall_seconds": round(self.wall_s, 3),
+                "tokens_per_second": round(self.tokens_per_s, 1),
+                "partitions": {"total": self.partitions, "skipped": self.skipped,
+                               "run": self.run, "failed": len(self.failed)},
+                "failed_partitions": self.failed, "device": self.devices,
+                "dtype": self.dtypes, "already_complete": self.already_complete}
 
 
 def run_fingerprint(job: Job, model: dict[str, Any]) -> str:
@@ -72,37 +87,54 @@ def run_fingerprint(job: Job, model: dict[str, Any]) -> str:
 
 
 def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None = None,
-            overwrite: bool = False, on_plan: OnPlan | None = None) -> RunSummary:
+            overwrite: bool = False, on_plan: OnPlan | None = None,
+            job_file: str | Path | None = None, summary: RunSummary | None = None
+            ) -> RunSummary:
+    """Plan, check everything that can be checked, then (and only then) lock the store and
+    run what is not done. `job_file` guards the job's folder against `output.path`;
+    `summary`, when given, is filled in place (the caller keeps it if the run fails)."""
     started = time.perf_counter()
-    parts = plan_partitions(job.input, job.execution.partition_rows)
-    if not parts:
-        raise InputError(f"input.path: {job.input.path} has no rows")
-    load_config(job.model)  # fail fast, before the store is touched, on a missing model
+    # everything checkable is checked before the store is touched (nothing is created on
+    # a job that cannot work)
+    parts = preflight(job).partitions
+    identity = input_identity(job.input)
     model = model_fingerprint(job.model.path)
     fingerprint = run_fingerprint(job, model)
-    path = job.output.path
-    summary = RunSummary(path)
-    staging = prepare_store(job, fingerprint, overwrite or job.output.overwrite)
-    if staging is None:
+    check_output_location(job, job_file)
+    plan = Plan(fingerprint, identity, job.execution.partition_rows)
+    overwrite = overwrite or job.output.overwrite
+    output = OutputSession(job.output.path, fingerprint)
+    output.refuse_if_locked()
+    summary = summary or RunSummary(job.output.path)
+    summary.partitions = len(parts)
+    # refuse early, before the folder or lock is made; a complete store is only read
+    if assess(job, plan, overwrite)[0] == "complete":
         summary.already_complete = True
         return summary
-    done = staging.done(fingerprint)
-    pending = [p for p in parts if p.index not in done]
-    summary.skipped = len(parts) - len(pending)
-    if on_plan:
-        on_plan(parts, pending)
     if executor is None:
         executor = executor_for(job)
-    failures = executor.run(job, pending, staging, fingerprint, _collect(done, on_done))
-    summary.run = len(pending) - len(failures)
-    summary.failed = [f"partition {p.index} (rows {p.row_start}-{p.row_stop - 1}; "
-                      f"{Path(p.file).name} rows {p.file_offset}-{p.file_offset + p.n_rows - 1})"
-                      f": {msg}" for p, msg in failures]
-    if failures:
-        raise PartitionError(f"{len(failures)} of {len(parts)} partitions failed, the others are "
-                             f"kept for a rerun; first: {summary.failed[0]}")
-    markers = [done[p.index] for p in parts]
-    commit_store(job, staging, parts, markers, model, fingerprint)
+    with executor, output:
+        staging = output.prepare(job, plan, overwrite)
+        if staging is None:
+            summary.already_complete = True
+            return summary
+        done = {i: m for i, m in staging.done(fingerprint).items() if _reusable(m, parts)}
+        pending = [p for p in parts if p.index not in done]
+        summary.skipped = len(parts) - len(pending)
+        if on_plan:
+            on_plan(parts, pending)
+        failures = executor.run(job, pending, staging, fingerprint,
+                                _collect(done, on_done, summary))
+        summary.wall_s = time.perf_counter() - started
+        summary.run = len(pending) - len(failures)
+        summary.failed = [f"partition {p.index} (rows {p.row_start}-{p.row_stop - 1}; "
+                          f"{Path(p.file).name} rows {p.file_offset}-"
+                          f"{p.file_offset + p.n_rows - 1}): {msg}" for p, msg in failures]
+        if failures:
+            raise PartitionError(f"{len(failures)} of {len(parts)} partitions failed, the "
+                                 f"others are kept for a rerun; first: {summary.failed[0]}")
+        markers = [done[p.index] for p in parts]
+        commit_store(job, staging, parts, markers, model, fingerprint, identity)
     summary.rows = parts[-1].row_stop
     summary.chunks = sum(m["n_chunks"] for m in markers)
     summary.tokens = sum(m["n_tokens"] for m in markers)
@@ -110,60 +142,41 @@ def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None =
     return summary
 
 
-def _collect(done: dict[int, dict[str, Any]], on_done: OnDone | None) -> OnDone:
+def _reusable(marker: dict[str, Any], parts: Sequence[Partition]) -> bool:
+    """A marker stands for a planned partition: same index, row range and input file."""
+    index = marker.get("index")
+    if not isinstance(index, int) or not 0 <= index < len(parts):
+        return False
+    part = parts[index]
+    return (marker.get("rows") == [part.row_start, part.row_stop]
+            and marker.get("input") == part.footer_sha256)
+
+
+def _collect(done: dict[int, dict[str, Any]], on_done: OnDone | None,
+             summary: RunSummary) -> OnDone:
     def record(part: Partition, marker: dict[str, Any]) -> None:
         done[part.index] = marker
+        summary.tokens_run += int(marker["n_tokens"])
+        summary.devices = sorted({*summary.devices, str(marker.get("device", "?"))})
+        summary.dtypes = sorted({*summary.dtypes, str(marker.get("dtype", "?"))})
         if on_done:
             on_done(part, marker)
     return record
 
 
-def prepare_store(job: Job, fingerprint: str, overwrite: bool) -> Staging | None:
-    """Staging for this run, or None when the store is already complete for this job.
-
-    A store written by a different job or model is refused unless `overwrite`; so is a
-    path that holds something other than a bertpipe store.
-    """
-    path = Path(job.output.path)
-    staging = Staging(path)
-    if path.exists() and overwrite:
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    elif path.exists():
-        provenance = _stored_provenance(str(path))
-        info = staging.run_info() or {}
-        existing = fingerprint_of(provenance) or fingerprint_of(info)
-        if existing is None and (path.is_file() or any(path.iterdir())):
-            raise StoreError(f"output.path: {path} exists and is not a bertpipe store; "
-                             "choose another path or pass --overwrite")
-        if existing is not None and existing != fingerprint:
-            raise StoreError(f"output.path: {path} holds output of a different job or model; "
-                             "pass --overwrite to replace it or choose another output.path")
-        if is_complete(provenance):
-            return None
-    format_named(job.output.format).create(
-        str(path), {"complete": False, "run_fingerprint": fingerprint})
-    staging.begin({"run_fingerprint": fingerprint, "job": job.to_dict()})
-    return staging
-
-
-def _stored_provenance(path: str) -> dict[str, Any]:
-    for fmt in FORMATS.values():
-        provenance = fmt.read_provenance(path)
-        if provenance:
-            return dict(provenance)
-    return {}
-
-
 def commit_store(job: Job, staging: Staging, parts: Sequence[Partition],
                  markers: Sequence[dict[str, Any]], model: dict[str, Any],
-                 fingerprint: str) -> None:
+                 fingerprint: str, identity: tuple[InputFile, ...] = ()) -> None:
     layout = Layout(
         indices=[p.index for p in parts],
         n_docs=parts[-1].row_stop,
         n_chunks=sum(m["n_chunks"] for m in markers),
         has_chunks="chunks" in job.output.levels,
+        n_tokens=sum(m.get("n_stored_tokens", 0) for m in markers),
+        has_tokens=bool(job.token_views),
     )
-    provenance = build_provenance(job, markers, model, fingerprint)
+    provenance = replace(build_provenance(job, markers, model, fingerprint),
+                         input_identity=identity)
     fmt = format_named(job.output.format)
     path = job.output.path
     fmt.commit(path, staging, layout, provenance.to_dict())
@@ -204,6 +217,8 @@ def build_provenance(job: Job, markers: Sequence[dict[str, Any]], model: dict[st
             "tokens_encoded": sum(m["n_encoded"] for m in markers),
             "partitions": len(markers),
             "partition_seconds": round(sum(m["seconds"] for m in markers), 3),
+            **({"tokens_stored": sum(m["n_stored_tokens"] for m in markers)}
+               if job.token_views else {}),
         },
         complete=False,
     )
@@ -217,14 +232,18 @@ def runtime_versions(markers: Sequence[dict[str, Any]]) -> dict[str, str]:
     return {name: version(name) for name in sorted(used)}
 
 
-def executor_for(job: Job, say: Callable[[str], None] = log.info) -> Executor:
+def executor_for(job: Job, say: Callable[[str], None] = log.info,
+                 on_batch: OnBatch | None = None) -> Executor:
     """In-process for `synchronous`, else Dask (imported only then: it is slow to import)."""
     scheduler = job.execution.scheduler
     if scheduler == "synchronous":
-        return InProcessExecutor()
+        return InProcessExecutor(on_batch=on_batch)
     if scheduler != "local" and "://" not in scheduler:
         raise JobError(f"execution.scheduler: {scheduler!r} is not local, synchronous or a "
                        "scheduler address like tcp://host:8786")
     from .dask_executor import DaskExecutor  # why here: importing distributed costs ~1 s
 
-    return DaskExecutor(scheduler, job.execution.workers, job.execution.threads_per_worker, say)
+    executor = DaskExecutor(scheduler, job.execution.workers, job.execution.threads_per_worker,
+                            say)
+    executor.on_batch = on_batch
+    return executor

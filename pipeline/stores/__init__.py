@@ -3,6 +3,8 @@ into, the typed provenance, and opening a finished store (`open_store`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..errors import StoreError
 from .base import Layout, StoreFormat
 from .parquet_store import ParquetFormat
@@ -23,7 +25,10 @@ def detect_format(path: str) -> StoreFormat:
     for fmt in FORMATS.values():
         if fmt.is_store(path):
             return fmt
-    raise StoreError(f"{path}: not a bertpipe store (no zarr.json or docs.parquet)")
+    if (Path(path) / "chunks").is_dir():
+        raise StoreError(f"{path}: docs/part-0.parquet is missing (chunks/ is there): a "
+                         "damaged Parquet store")
+    raise StoreError(f"{path}: not a bertpipe store (no zarr.json or docs/part-0.parquet)")
 
 
 __all__ = ["FORMATS", "Layout", "Staging", "StoreFormat", "detect_format", "format_named"]

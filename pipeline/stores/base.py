@@ -3,16 +3,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 if TYPE_CHECKING:  # typing only: staging imports nothing from here at run time
     import xarray as xr
 
+    from .provenance import FileSum
     from .staging import Staging
 
 
@@ -24,6 +26,8 @@ class Layout:
     n_docs: int
     n_chunks: int
     has_chunks: bool
+    n_tokens: int = 0  # rows of the tokens level (stored tokens)
+    has_tokens: bool = False  # the job has a token view (pooling: tokens)
 
 
 class StoreFormat(Protocol):
@@ -43,6 +47,8 @@ class StoreFormat(Protocol):
 
     def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]: ...
 
+    def open_tokens(self, path: str) -> xr.Dataset | None: ...
+
     def add_view(self, path: str, source: str, name: str,
                  fn: Callable[[np.ndarray], np.ndarray], levels: Sequence[str]) -> None: ...
 
@@ -50,7 +56,22 @@ class StoreFormat(Protocol):
 
     def read_params(self, path: str, name: str) -> dict[str, np.ndarray]: ...
 
-    def update_provenance(self, path: str, provenance: dict[str, Any]) -> None: ...
+    def update_provenance(self, path: str, provenance: dict[str, Any]) -> None:
+        """Write `provenance`; a complete one is sealed first: the checksum of every file
+        in `data_files` is recorded in it (what `bertpipe verify` checks)."""
+
+    # integrity: what the checksums cover and how each file is measured
+
+    def data_files(self, path: str) -> list[str]:
+        """The store's data files (store-relative POSIX paths) that checksums cover."""
+
+    def checked_size(self, path: str, rel: str) -> int | None:
+        """Bytes of `rel` that its checksum covers, from file sizes alone; None if absent."""
+
+    def file_sum(self, path: str, rel: str) -> FileSum | None: ...
+
+    def row_counts(self, path: str) -> dict[str, tuple[str, int]]:
+        """Rows of every stored array (Zarr) or file (Parquet): name -> (level, rows)."""
 
 
 def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -59,3 +80,16 @@ def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
         column = column.combine_chunks()
     width = column.type.list_size
     return column.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+
+
+def with_store_token_offsets(parts: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """Docs parts (in row order) with `token_offset` moved from the partition's first
+    token to the store's: each part's offsets plus the tokens of the parts before it."""
+    before = 0
+    for table in parts:
+        if "token_offset" in table.column_names:
+            local = table.column("token_offset").to_numpy()
+            table = table.set_column(table.column_names.index("token_offset"), "token_offset",
+                                     pa.array(local + before))
+            before += int(pc.sum(table.column("token_count")).as_py() or 0)
+        yield table

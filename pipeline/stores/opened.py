@@ -12,6 +12,7 @@ from ..errors import StoreError
 from . import detect_format
 from .base import StoreFormat
 from .provenance import Provenance
+from .verify import check_sizes
 
 
 @dataclass
@@ -20,7 +21,9 @@ class StoreData:
 
     `docs`: one row per input row (dim `doc`, coordinate `id`), every view as a
     (doc, <view>_dim) variable; `chunks`: one row per chunk (dim `chunk`) or None when
-    the job stored documents only; `provenance`: the job, model and versions that made it.
+    the job stored documents only; `provenance`: the job, model and versions that made it;
+    `token_dataset`: one row per stored token (dim `token`), or None when the job has no
+    token view (pooling: tokens).
     """
 
     path: str
@@ -28,6 +31,7 @@ class StoreData:
     provenance: Provenance
     docs: xr.Dataset
     chunks: xr.Dataset | None
+    token_dataset: xr.Dataset | None = None
 
     @property
     def format(self) -> str:
@@ -37,6 +41,11 @@ class StoreData:
     def views(self) -> list[str]:
         """Extracted views, then views added by `bertpipe postprocess`."""
         return self.provenance.views
+
+    @property
+    def token_views(self) -> list[str]:
+        """Views with pooling: tokens (vectors in `token_dataset`, not in `docs`)."""
+        return self.provenance.token_views
 
     def level(self, level: str) -> xr.Dataset:
         data = self.docs if level == "docs" else self.chunks
@@ -71,5 +80,6 @@ def open_store_data(path: str | Path, require_complete: bool = True) -> StoreDat
         raise StoreError(f"{path}: store is incomplete and has no provenance yet; rerun its "
                          "job to resume")
     provenance = Provenance.from_dict(raw, path)
+    check_sizes(fmt, path, raw)
     docs, chunks = fmt.open_datasets(path)
-    return StoreData(path, fmt, provenance, docs, chunks)
+    return StoreData(path, fmt, provenance, docs, chunks, fmt.open_tokens(path))

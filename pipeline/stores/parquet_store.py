@@ -1,15 +1,24 @@
-"""Parquet store: a directory with `docs.parquet` and `chunks.parquet`.
+"""Parquet store: a directory with one folder per table, `docs/`, `chunks/` and, for token
+views, `tokens/` (one part file per partition, in row order).
 
-Views are `fixed_size_list<float, D>` columns (zstd, byte-stream-split, no dictionary);
-the provenance JSON sits in `docs.parquet`'s file metadata under `bertpipe`. The
-commit writes `chunks.parquet` first and `docs.parquet` last, each to a temporary name
-renamed into place, so a store with a `docs.parquet` is a complete store.
+Each folder is a dataset on its own (`docs/part-0.parquet`), so `store/docs/*.parquet`
+is what DuckDB, polars, pandas and `pyarrow.dataset` read, with one schema. Views are
+`fixed_size_list<float32, D>` columns (DuckDB `FLOAT[D]`, polars `Array`; zstd,
+byte-stream-split, no dictionary); the provenance JSON sits in the docs file's metadata
+under `bertpipe`. The commit writes the chunks file first and the docs file last, each to
+a temporary name renamed into place, so a store with a docs file is a complete store.
+
+Integrity: every data page carries a CRC that reads verify, so altered bytes are an
+error naming the file and column; a complete store's provenance records the checksum of
+each file's column data (the bytes before the footer). Changing the provenance rewrites
+only the footer of the docs file, never its column data.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -22,14 +31,31 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xarray as xr
 
-from .base import Layout, column_matrix
+from ..errors import StoreError
+from .base import Layout, column_matrix, with_store_token_offsets
+from .columns import StoredColumns, has_nulls, numpy_dtype, to_numpy
+from .integrity import file_sum, parquet_data_size
+from .provenance import FileSum, is_complete, sealed
 from .staging import Staging
 
 ROW_GROUP_ROWS = 32768
 METADATA_KEY = b"bertpipe"
+PART = "part-0.parquet"  # one file per table today; readers glob the folder
+DOCS_FILE = f"docs/{PART}"
+LEVEL_FILES = (DOCS_FILE, f"chunks/{PART}")
+# Stores written before tables had folders: refused on open, with what to do.
+OLD_LAYOUT = "docs.parquet"
+# What pyarrow raises for a damaged file: a bad footer, a page CRC mismatch, a short read.
+READ_ERRORS = (OSError, pa.ArrowException)
+
+
+def level_file(root: Path, level: str) -> Path:
+    return root / level / PART
+TOKENS_DIR = "tokens"
 
 
 def _write(file: Path, parts: Iterator[pa.Table], provenance: dict[str, Any] | None) -> None:
+    file.parent.mkdir(parents=True, exist_ok=True)
     tmp = file.with_name(f".{file.name}.{uuid.uuid4().hex}")
     writer: pq.ParquetWriter | None = None
     pending: list[pa.Table] = []
@@ -58,43 +84,36 @@ def _writer(file: Path, schema: pa.Schema, provenance: dict[str, Any] | None) ->
         file, schema, compression="zstd",
         use_dictionary=others,  # why: dictionaries only bloat float vectors
         use_byte_stream_split=[f"{name}.list.element" for name in vectors],
+        write_page_checksum=True,  # why: a read then refuses altered bytes
     )
+
+
+def _open(file: Path | str) -> pq.ParquetFile:
+    """A stored file, its page checksums verified on read; damage is a StoreError."""
+    try:
+        return pq.ParquetFile(file, page_checksum_verification=True)
+    except READ_ERRORS as exc:
+        raise StoreError(f"{file}: damaged Parquet file ({exc})") from None
 
 
 def _dataset(file: Path, dim: str) -> xr.Dataset:
     """Every column as a dask array read lazily, one block per row group."""
-    pf = pq.ParquetFile(file)
-    group_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
-    variables = {}
-    for field in pf.schema_arrow:
-        if pa.types.is_fixed_size_list(field.type):
-            width = field.type.list_size
-            dtype = np.dtype(field.type.value_type.to_pandas_dtype())
-            dims: tuple[str, ...] = (dim, f"{field.name}_dim")
-        else:
-            width, dims = 0, (dim,)
-            dtype = np.dtype(object) if pa.types.is_string(field.type) else np.dtype(
-                field.type.to_pandas_dtype())
-        blocks = [
-            da.from_delayed(dask.delayed(_read_block)(str(file), g, field.name),
-                            shape=(rows, width) if width else (rows,), dtype=dtype)
-            for g, rows in enumerate(group_rows)
-        ]
-        empty = np.empty((0, width) if width else (0,), dtype)
-        variables[field.name] = (dims, da.concatenate(blocks) if blocks else da.from_array(empty))
-    return xr.Dataset(variables)
+    return _parts_dataset([file], dim)
 
 
-def _read_block(file: str, group: int, column: str) -> np.ndarray:
-    col = pq.ParquetFile(file).read_row_group(group, columns=[column]).column(0)
+def _read_block(file: str, group: int, column: str, nulls: bool) -> np.ndarray:
+    try:
+        col = _open(file).read_row_group(group, columns=[column]).column(0)
+    except READ_ERRORS as exc:
+        raise StoreError(f"{file}: column {column}, row group {group}: damaged ({exc})") from None
     if pa.types.is_fixed_size_list(col.type):
         return column_matrix(col)
-    return col.to_numpy()
+    return to_numpy(col, nulls)
 
 
 def _with_column(file: Path, source: str, name: str,
                  fn: Callable[[np.ndarray], np.ndarray]) -> Iterator[pa.Table]:
-    pf = pq.ParquetFile(file)
+    pf = _open(file)
     for g in range(pf.num_row_groups):
         table = pf.read_row_group(g)
         src = table.column(source)
@@ -109,9 +128,91 @@ def _with_column(file: Path, source: str, name: str,
         yield table
 
 
+def _conformed(staging: Staging, level: str, layout: Layout) -> Iterator[pa.Table]:
+    """The staged parts of a level, each cast to the one schema they unify to."""
+    columns = StoredColumns.from_parts([staging.part_path(i, level) for i in layout.indices])
+    for table in staging.read_parts(level, layout.indices):
+        yield columns.conform(table)
+
+
+def _write_tokens(root: Path, staging: Staging, layout: Layout) -> None:
+    """`tokens/part-NNNNNN.parquet`, numbered in row order, written into a temporary folder
+    that replaces `tokens/` whole."""
+    tmp = root / f".{TOKENS_DIR}.{uuid.uuid4().hex}"
+    tmp.mkdir()
+    for k, table in enumerate(_conformed(staging, "tokens", layout)):
+        _write(tmp / f"part-{k:06d}.parquet", iter([table]), None)
+    shutil.rmtree(root / TOKENS_DIR, ignore_errors=True)  # a commit interrupted after it
+    os.replace(tmp, root / TOKENS_DIR)
+
+
+def _parts_dataset(files: Sequence[Path], dim: str) -> xr.Dataset:
+    """Every column of a folder of part files as dask arrays, one block per row group,
+    the files concatenated in the given order."""
+    blocks: dict[str, list[da.Array]] = {}
+    empty: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
+    for file in files:
+        pf = _open(file)
+        group_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
+        for field in pf.schema_arrow:
+            nulls = False
+            if pa.types.is_fixed_size_list(field.type):
+                width = field.type.list_size
+                dtype = np.dtype(field.type.value_type.to_pandas_dtype())
+                dims: tuple[str, ...] = (dim, f"{field.name}_dim")
+            else:
+                width, dims = 0, (dim,)
+                nulls = has_nulls(pf.metadata, field.name)
+                dtype = numpy_dtype(field.type, nulls)
+            empty.setdefault(field.name, (dims, np.empty((0, width) if width else (0,), dtype)))
+            blocks.setdefault(field.name, []).extend(
+                da.from_delayed(dask.delayed(_read_block)(str(file), g, field.name, nulls),
+                                shape=(rows, width) if width else (rows,), dtype=dtype)
+                for g, rows in enumerate(group_rows))
+    return xr.Dataset({
+        name: (dims, da.concatenate(blocks[name]) if blocks[name] else da.from_array(zero))
+        for name, (dims, zero) in empty.items()})
+
+
 def _metadata(file: Path) -> dict[str, Any] | None:
-    raw = (pq.read_schema(file).metadata or {}).get(METADATA_KEY)
+    raw = (_open(file).schema_arrow.metadata or {}).get(METADATA_KEY)
     return json.loads(raw) if raw else None
+
+
+def _replace_footer(file: Path, provenance: dict[str, Any]) -> None:
+    """Rewrite only the footer of `file` with `provenance` in its metadata: the column data
+    (and so its recorded checksum) stays byte for byte what it was."""
+    pf = _open(file)
+    data_size = parquet_data_size(file)
+    if data_size is None:
+        raise StoreError(f"{file}: damaged Parquet file (no footer)")
+    schema = pf.schema_arrow
+    metadata = {**(schema.metadata or {}),
+                METADATA_KEY: json.dumps(provenance, default=str).encode()}
+    footer = file.with_name(f".{file.name}.{uuid.uuid4().hex}.footer")
+    tmp = file.with_name(f".{file.name}.{uuid.uuid4().hex}")
+    try:
+        # a metadata-only Parquet file: magic, then the footer describing pf's row groups
+        pq.write_metadata(schema.with_metadata(metadata), footer, metadata_collector=[pf.metadata])
+        with tmp.open("wb") as out, file.open("rb") as data, footer.open("rb") as new:
+            for block in _blocks(data, data_size):
+                out.write(block)
+            new.seek(4)  # the footer file's leading magic: the data already starts with one
+            shutil.copyfileobj(new, out)
+        os.replace(tmp, file)
+    finally:
+        footer.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+
+
+def _blocks(stream: Any, size: int) -> Iterator[bytes]:
+    left = size
+    while left > 0:
+        block = stream.read(min(left, 1 << 20))
+        if not block:
+            raise StoreError(f"{stream.name}: shorter than its footer says")
+        left -= len(block)
+        yield block
 
 
 class ParquetFormat:
@@ -123,36 +224,77 @@ class ParquetFormat:
         Path(path).mkdir(parents=True, exist_ok=True)
 
     def is_store(self, path: str) -> bool:
-        return (Path(path) / "docs.parquet").exists()
+        root = Path(path)
+        if (root / OLD_LAYOUT).is_file() and not (root / DOCS_FILE).exists():
+            raise StoreError(f"{path}: a Parquet store in the layout before tables had folders "
+                             "(docs.parquet); rerun its job with --overwrite to rewrite it")
+        return (root / DOCS_FILE).exists()
 
     def read_provenance(self, path: str) -> dict[str, Any] | None:
-        file = Path(path) / "docs.parquet"
+        file = Path(path) / DOCS_FILE
         return _metadata(file) if file.exists() else None
+
+    def data_files(self, path: str) -> list[str]:
+        root = Path(path)
+        files = [name for name in LEVEL_FILES if (root / name).is_file()]
+        tokens = root / TOKENS_DIR
+        if tokens.is_dir():
+            files += [f"{TOKENS_DIR}/{f.name}" for f in sorted(tokens.glob("part-*.parquet"))]
+        post = root / "post"
+        if post.is_dir():
+            files += [f"post/{f.name}" for f in sorted(post.glob("*.npz"))
+                      if not f.name.startswith(".")]
+        return files
+
+    def checked_size(self, path: str, rel: str) -> int | None:
+        file = Path(path) / rel
+        if rel.endswith(".parquet"):
+            return parquet_data_size(file)
+        return file.stat().st_size if file.is_file() else None
+
+    def file_sum(self, path: str, rel: str) -> FileSum | None:
+        size = self.checked_size(path, rel)
+        return None if size is None else file_sum(Path(path) / rel, size)
+
+    def row_counts(self, path: str) -> dict[str, tuple[str, int]]:
+        root = Path(path)
+        return {name: (name.split("/")[0], _open(root / name).metadata.num_rows)
+                for name in LEVEL_FILES if (root / name).is_file()}
 
     def commit(self, path: str, staging: Staging, layout: Layout,
                provenance: dict[str, Any]) -> None:
         root = Path(path)
+        if layout.has_tokens:
+            _write_tokens(root, staging, layout)
         if layout.has_chunks:
-            _write(root / "chunks.parquet", staging.read_parts("chunks", layout.indices), None)
-        docs = (t.drop_columns(["row"]) for t in staging.read_parts("docs", layout.indices))
-        _write(root / "docs.parquet", docs, provenance)
+            _write(level_file(root, "chunks"), _conformed(staging, "chunks", layout), None)
+        docs = (t.drop_columns(["row"]) for t in
+                with_store_token_offsets(_conformed(staging, "docs", layout)))
+        _write(level_file(root, "docs"), docs, provenance)
 
     def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
         root = Path(path)
-        docs = _dataset(root / "docs.parquet", "doc")
+        docs = _dataset(level_file(root, "docs"), "doc")
         docs = docs.set_coords("id")
-        chunks_file = root / "chunks.parquet"
+        chunks_file = level_file(root, "chunks")
         chunks = _dataset(chunks_file, "chunk") if chunks_file.exists() else None
         return docs, chunks
+
+    def open_tokens(self, path: str) -> xr.Dataset | None:
+        folder = Path(path) / TOKENS_DIR
+        if not folder.is_dir():
+            return None
+        return _parts_dataset(sorted(folder.glob("part-*.parquet")), "piece")
 
     def add_view(self, path: str, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
                  levels: Sequence[str]) -> None:
         """Rewrite each level's file with column `name` = fn(`source`), row group by row group.
 
-        `docs.parquet` is rewritten last by `update_provenance`, which also records the view.
+        The docs file's footer is rewritten last by `update_provenance`, which also records
+        the view.
         """
         for level in levels:
-            file = Path(path) / f"{level}.parquet"
+            file = level_file(Path(path), level)
             _write(file, _with_column(file, source, name, fn), _metadata(file))
 
     def write_params(self, path: str, name: str, params: dict[str, np.ndarray]) -> None:
@@ -167,6 +309,8 @@ class ParquetFormat:
             return {key: data[key] for key in data.files}
 
     def update_provenance(self, path: str, provenance: dict[str, Any]) -> None:
-        file = Path(path) / "docs.parquet"
-        pf = pq.ParquetFile(file)
-        _write(file, (pf.read_row_group(g) for g in range(pf.num_row_groups)), provenance)
+        """Write the provenance; a complete one is sealed with every data file's checksum."""
+        if is_complete(provenance):
+            provenance = sealed(provenance, {rel: sum_ for rel in self.data_files(path)
+                                             if (sum_ := self.file_sum(path, rel))})
+        _replace_footer(Path(path) / DOCS_FILE, provenance)

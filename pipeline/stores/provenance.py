@@ -6,10 +6,11 @@ dict (`to_dict` / `from_dict` here), everything above reads attributes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..errors import StoreError
+from ..errors import JobError, StoreError
 from ..spec import Job, ViewSpec
 
 FORMAT_VERSION = 1
@@ -33,6 +34,44 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
+class InputFile:
+    """What identifies one input file without reading its data pages: its path, size, row
+    count and the SHA-256 of its Parquet footer (schema, row groups, column statistics)."""
+
+    path: str
+    size: int
+    rows: int
+    footer_sha256: str
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> InputFile:
+        return cls(path=str(raw["path"]), size=int(raw["size"]), rows=int(raw["rows"]),
+                   footer_sha256=str(raw["footer_sha256"]))
+
+
+def input_change(before: Sequence[InputFile], now: Sequence[InputFile]) -> str | None:
+    """How the input differs from what a store was made from, naming the first file that
+    changed; None when it is the same."""
+    old = {f.path: f for f in before}
+    new = {f.path: f for f in now}
+    for path, was in old.items():
+        cur = new.get(path)
+        if cur is None:
+            return f"input file {path} is gone"
+        if cur != was:
+            what = [f"rows {was.rows} -> {cur.rows}" if cur.rows != was.rows else "",
+                    f"size {was.size} -> {cur.size} bytes" if cur.size != was.size else ""]
+            detail = "; ".join(w for w in what if w) or "its Parquet footer differs"
+            return f"input file {path} changed ({detail})"
+    added = [path for path in new if path not in old]
+    if added:
+        return f"input file {added[0]} is new"
+    if list(old) != list(new):
+        return "the input files are in a different order"
+    return None
+
+
+@dataclass(frozen=True)
 class PostInfo:
     """A post-processed view: which view it was fitted on and how."""
 
@@ -43,6 +82,15 @@ class PostInfo:
     normalize: bool
     width: int
     fitted_rows: int
+
+
+@dataclass(frozen=True)
+class FileSum:
+    """A stored file's checksum: SHA-256 of its first `size` bytes (a Parquet file's column
+    data, before the footer that holds the provenance; every other file whole)."""
+
+    sha256: str
+    size: int
 
 
 @dataclass(frozen=True)
@@ -58,13 +106,24 @@ class Provenance:
     stats: dict[str, float]
     complete: bool
     post: dict[str, PostInfo] = field(default_factory=dict)
+    # empty in stores written before input identities were recorded
+    input_identity: tuple[InputFile, ...] = ()
+    # file path inside the store -> its checksum; recorded when the store is marked complete
+    # (empty in stores written before checksums existed)
+    checksums: dict[str, FileSum] = field(default_factory=dict)
     runtime: list[str] = field(default_factory=lambda: ["torch"])  # what ran the encoder
 
     @property
     def views(self) -> list[str]:
-        """Extracted views, then views added by post-processing."""
-        extracted = [v.name for v in self.job.views]
+        """Extracted views with document vectors, then views added by post-processing
+        (token views are in `token_views`)."""
+        extracted = [v.name for v in self.job.views if not v.per_token]
         return extracted + [v for v in self.post if v not in extracted]
+
+    @property
+    def token_views(self) -> list[str]:
+        """Views with pooling: tokens, stored in the tokens level only."""
+        return [v.name for v in self.job.token_views]
 
     def view_spec(self, name: str) -> ViewSpec | None:
         """The job's spec of an extracted view (None for a post-processed one)."""
@@ -102,10 +161,14 @@ class Provenance:
                 stats=dict(raw["stats"]),
                 complete=bool(raw.get("complete")),
                 post={k: PostInfo(**v) for k, v in raw.get("post", {}).items()},
+                input_identity=input_identity_of(raw),
+                checksums=recorded_checksums(raw),
                 runtime=list(raw.get("runtime", ["torch"])),  # stores before runtimes: torch
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"{where}: damaged provenance ({type(exc).__name__}: {exc})") from None
+        except JobError as exc:  # written by a bertpipe with looser rules, or edited
+            raise StoreError(f"{where}: the store's job does not validate: {exc}") from None
 
 
 def is_complete(raw: dict[str, Any] | None) -> bool:
@@ -117,3 +180,19 @@ def fingerprint_of(raw: dict[str, Any] | None) -> str | None:
     """The run fingerprint a store (complete or not) was started with."""
     value = (raw or {}).get("run_fingerprint")
     return str(value) if value else None
+
+
+def input_identity_of(raw: dict[str, Any] | None) -> tuple[InputFile, ...]:
+    """The input identity a store (complete or not) recorded; () when it recorded none."""
+    return tuple(InputFile.from_dict(f) for f in (raw or {}).get("input_identity") or ())
+
+
+def recorded_checksums(raw: dict[str, Any] | None) -> dict[str, FileSum]:
+    """The checksums a store's raw provenance records (empty when it records none)."""
+    sums = (raw or {}).get("checksums") or {}
+    return {str(k): FileSum(str(v["sha256"]), int(v["size"])) for k, v in sums.items()}
+
+
+def sealed(raw: dict[str, Any], checksums: dict[str, FileSum]) -> dict[str, Any]:
+    """`raw` with `checksums` recorded (what a format writes when a store is complete)."""
+    return {**raw, "checksums": {k: asdict(v) for k, v in sorted(checksums.items())}}

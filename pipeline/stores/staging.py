@@ -2,9 +2,11 @@
 
 Workers write each finished partition as Parquet parts under `<store>/_bertpipe/parts/`
 (write to a temporary name, then rename: a part is either whole or absent), then a
-`<index>.done.json` marker with the row range, the run fingerprint and the checksums of
-the part files. The final store is assembled from the parts once every partition is
-done; until then nothing reads as complete.
+`<index>.done.json` marker with the row range, the identity of the input file it was read
+from (its footer digest), the run fingerprint and the checksums of the part files.
+`run.json` records what the whole run must match to be resumed: the run fingerprint, the
+partitioning and the input's identity. The final store is assembled from the parts once
+every partition is done; until then nothing reads as complete.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pyarrow.parquet as pq
 from ..fileutil import sha256_file, write_json_atomic
 
 STAGING_DIR = "_bertpipe"
-LEVELS = ("docs", "chunks")
+LEVELS = ("docs", "chunks", "tokens")
 
 
 class Staging:
@@ -40,8 +42,17 @@ class Staging:
         write_json_atomic(self.root / "run.json", run)
 
     def run_info(self) -> dict[str, Any] | None:
-        path = self.root / "run.json"
-        return json.loads(path.read_text()) if path.exists() else None
+        try:
+            info = json.loads((self.root / "run.json").read_text())
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except ValueError:
+            return {}  # damaged: belongs to no run, so it matches none
+        return info if isinstance(info, dict) else {}
+
+    def markers(self) -> list[Path]:
+        """Marker files present, whatever run wrote them."""
+        return sorted(self.parts.glob("*.done.json"))
 
     def write_part(self, index: int, tables: dict[str, pa.Table | None],
                    marker: dict[str, Any]) -> dict[str, Any]:
@@ -63,8 +74,11 @@ class Staging:
     def done(self, fingerprint: str) -> dict[int, dict[str, Any]]:
         """Markers of finished partitions whose parts are intact and from this run."""
         found = {}
-        for path in sorted(self.parts.glob("*.done.json")):
-            marker = json.loads(path.read_text())
+        for path in self.markers():
+            try:
+                marker = json.loads(path.read_text())
+            except ValueError:
+                continue  # a marker is written atomically; a damaged one is not trusted
             if marker.get("fingerprint") != fingerprint:
                 continue
             intact = all(

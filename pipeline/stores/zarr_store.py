@@ -1,8 +1,11 @@
-"""Zarr v3 store: `ids`, `docs/*`, `chunks/*` arrays and the `bertpipe` root attribute.
+"""Zarr v3 store: `ids`, `docs/*`, `chunks/*`, `tokens/*` arrays and the `bertpipe` root
+attribute.
 
 The commit is the only writer of the final arrays and walks the parts in row order, so
-no two writers ever share a chunk; `complete: true` is written after every array and
-metadata is consolidated last.
+no two writers ever share a chunk; `complete: true` is written after every array, with
+the checksum of every array file, and metadata is consolidated last. Vector arrays have
+NaN as their fill value, and reads check each chunk against its checksum before
+decoding (`integrity.VerifiedStore`), so a damaged chunk is an error naming the array.
 """
 
 from __future__ import annotations
@@ -20,57 +23,156 @@ import pyarrow as pa
 import xarray as xr
 import zarr
 import zarr.codecs
+from zarr.storage import LocalStore
 
-from .base import Layout, column_matrix
+from ..errors import StoreError
+from .base import Layout, column_matrix, with_store_token_offsets
+from .columns import MISSING_ATTRIBUTE, StoredColumns, strings_as_objects
+from .integrity import VerifiedStore, file_sum
+from .provenance import FileSum, is_complete, recorded_checksums, sealed
 from .staging import Staging
 
 ROWS_PER_CHUNK = 8192
+# The tokens level's dimension is `piece`, not `token`: xarray makes a 1-D array named
+# like its dimension (here the word piece strings) an index, read whole on open.
+LEVEL_DIMS = {"docs": "doc", "chunks": "chunk", "tokens": "piece"}
+# the tokens level's fields that Zarr does not repeat: a token's document id is ids[doc]
+TOKEN_FIELDS_NOT_STORED = ["id"]
 # Writers open with use_consolidated=False: the consolidated metadata is rewritten once, last,
 # and a writer must see the groups added since.
 COMPRESSOR = zarr.codecs.BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")
+# Folders holding the arrays that checksums cover (not the root zarr.json: it holds the
+# provenance itself; not index/ or the staging area: they are rebuilt, never read as data).
+DATA_DIRS = ("ids", "docs", "chunks", "tokens", "post")
+# What a damaged chunk can make a codec raise when no checksum caught it first (a store
+# written before checksums existed): blosc RuntimeError, vlen-utf8/reshape ValueError.
+CODEC_ERRORS = (RuntimeError, ValueError, OSError)
 
 
-def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int) -> None:
-    dim = "doc" if level == "docs" else "chunk"
+def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int,
+                 columns: StoredColumns, widths: dict[str, int]) -> None:
+    """Every column of a level's parts as one array of the level's group, in row order.
+    The ids go to `docs/id`, a coordinate of every docs array (see `_describe`)."""
+    dim = LEVEL_DIMS[level]
     group = root.require_group(level)
     arrays: dict[str, zarr.Array] = {}
     offset = 0
     for table in parts:
+        table = columns.conform(table)
         for name in table.column_names:
             if name == "row":
                 continue
-            values = _numpy(table.column(name))
+            values = _numpy(columns, name, table.column(name))
+            if name in widths:
+                values = values.astype(f"<U{widths[name]}")
             if name not in arrays:
-                target = root if name == "id" else group
-                arrays[name] = _create(target, "ids" if name == "id" else name, values, n, dim)
+                arrays[name] = _create(group, name, values, n, dim)
+                if attributes := columns.zarr_attributes(name):
+                    arrays[name].update_attributes(attributes)
             arrays[name][offset : offset + table.num_rows] = values
         offset += table.num_rows
+
+
+def _write_tokens(root: zarr.Group, staging: Staging, layout: Layout) -> None:
+    """The tokens level: one row per stored token, in row then position order."""
+    files = [staging.part_path(i, "tokens") for i in layout.indices]
+    columns = StoredColumns.from_parts(files)
+    parts = (t.drop_columns(TOKEN_FIELDS_NOT_STORED)
+             for t in staging.read_parts("tokens", layout.indices))
+    _write_level(root, "tokens", parts, layout.n_tokens, columns, columns.string_widths(files))
 
 
 def _create(group: zarr.Group, name: str, sample: np.ndarray, n: int, dim: str) -> zarr.Array:
     shape = (n, *sample.shape[1:])
     dims = (dim,) if sample.ndim == 1 else (dim, f"{name}_dim")
-    dtype: Any = str if sample.dtype.kind in "OUT" else sample.dtype
+    dtype: Any = str if sample.dtype.kind in "OT" else sample.dtype
+    # why NaN: a chunk that is missing must never read as zero vectors
+    fill = np.nan if sample.dtype.kind == "f" else None
     return group.create_array(
         name, shape=shape, dtype=dtype, chunks=(min(ROWS_PER_CHUNK, max(n, 1)), *shape[1:]),
         compressors=None if dtype is str else COMPRESSOR, dimension_names=dims, overwrite=True,
+        fill_value=fill,
     )
 
 
-def _numpy(column: pa.ChunkedArray) -> np.ndarray:
+def _numpy(columns: StoredColumns, name: str, column: pa.ChunkedArray) -> np.ndarray:
     if pa.types.is_fixed_size_list(column.type):
         return column_matrix(column)
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        return np.array(column.fill_null("").to_pylist(), dtype=str)
-    return column.to_numpy()
+    return columns.zarr_values(name, column)
 
 
-def _dataset(group: Any, coords: dict[str, Any]) -> xr.Dataset:
+def _dataset(group: Any, coords: dict[str, Any], label: str) -> xr.Dataset:
     variables = {}
     for name, array in group.arrays():
         dims = tuple(array.metadata.dimension_names)
-        variables[name] = (dims, da.from_zarr(array))
+        variables[name] = (dims, _lazy(array, f"{label}/{name}"))
     return xr.Dataset(variables, coords=coords)
+
+
+def _lazy(array: Any, label: str) -> da.Array:
+    """A Zarr array as dask, its reads guarded; strings as objects with None for nulls (as
+    Parquet reads)."""
+    data = da.from_array(_Guarded(array, label), chunks=array.chunks, name=False)
+    if data.dtype.kind not in "OTU":
+        return data
+    missing = array.attrs.get(MISSING_ATTRIBUTE)
+    return data.map_blocks(strings_as_objects, missing=missing, dtype=object)
+
+
+def _describe(root: Any, provenance: dict[str, Any]) -> None:
+    """Attributes that make each group readable on its own (`xr.open_zarr(p, group="docs")`):
+    `id` as the coordinate of every docs array (CF `coordinates`), and on each view what it
+    is (layers, combine, pooling, model, dtype; a post-processed view's method and source)."""
+    job, model = provenance.get("job", {}), provenance.get("model", {})
+    views, post = job.get("views", {}), provenance.get("post", {})
+    common = {"model": model.get("path"), "model_type": model.get("config", {}).get(
+        "model_type"), "dtype": job.get("output", {}).get("dtype")}
+    for level in ("docs", "chunks"):
+        if level not in root:
+            continue
+        group = root[level]
+        group.update_attributes({"description": LEVEL_TEXT[level], **common})
+        for name, array in group.arrays():
+            attrs: dict[str, Any] = {}
+            if level == "docs" and name != "id":
+                attrs["coordinates"] = "id"
+            if name in views:
+                attrs.update(kind="view", **{k: v for k, v in views[name].items()
+                                             if k != "post"})
+            elif name in post:
+                attrs.update(kind="post-processed view", **post[name])
+            if attrs:
+                array.update_attributes(attrs)
+
+
+LEVEL_TEXT = {"docs": "one row per input row (dimension doc, coordinate id); a variable per "
+                      "view and per carried column; bertpipe provenance at the store's root",
+              "chunks": "one row per chunk (dimension chunk); doc is the document's row"}
+
+
+class _Guarded:
+    """A Zarr array whose reads turn a codec's error into a StoreError naming the array."""
+
+    def __init__(self, array: Any, label: str):
+        self.array, self.label = array, label
+        self.shape, self.dtype, self.ndim = array.shape, array.dtype, array.ndim
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        try:
+            return np.asarray(self.array[key])
+        except CODEC_ERRORS as exc:
+            raise StoreError(f"{self.label}: cannot be decoded ({type(exc).__name__}: {exc}); "
+                             "the store is damaged") from None
+
+
+def _verified_group(path: str, writable: bool = False) -> Any:
+    """The root group, opened so that every recorded file is checked as it is read."""
+    provenance = ZarrFormat().read_provenance(path)
+    local = LocalStore(path, read_only=not writable)
+    store = VerifiedStore(local, recorded_checksums(provenance), path)
+    if writable:
+        return zarr.open_group(store, mode="a", use_consolidated=False)
+    return zarr.open_group(store, mode="r")
 
 
 class ZarrFormat:
@@ -99,20 +201,33 @@ class ZarrFormat:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # string arrays: zarr warns the vlen spec is young
             root = zarr.open_group(path, mode="a", use_consolidated=False)
-            _write_level(root, "docs", staging.read_parts("docs", layout.indices), layout.n_docs)
-            if layout.has_chunks:
-                _write_level(root, "chunks", staging.read_parts("chunks", layout.indices),
-                             layout.n_chunks)
+            for level, n in (("docs", layout.n_docs), ("chunks", layout.n_chunks)):
+                if level == "chunks" and not layout.has_chunks:
+                    continue
+                files = [staging.part_path(i, level) for i in layout.indices]
+                columns = StoredColumns.from_parts(files)
+                parts = staging.read_parts(level, layout.indices)
+                if level == "docs":
+                    parts = with_store_token_offsets(parts)
+                _write_level(root, level, parts, n, columns, columns.string_widths(files))
+            if layout.has_tokens:
+                _write_tokens(root, staging, layout)
         self.update_provenance(path, provenance)
 
     def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
-        root = zarr.open_group(path, mode="r")
-        ids = root["ids"]
-        docs = _dataset(root["docs"], coords={"id": ("doc", da.from_zarr(ids))})
+        root = _verified_group(path)
+        docs = _dataset(root["docs"], {}, f"{path}: docs")
+        if "ids" in root:  # stores written before the ids moved into docs/
+            docs = docs.assign_coords(id=("doc", _lazy(root["ids"], f"{path}: ids")))
+        docs = docs.set_coords("id")
         # views being written by postprocess live under a temporary dot-name until done
         docs = docs.drop_vars([v for v in docs.data_vars if str(v).startswith(".")])
-        chunks = _dataset(root["chunks"], {}) if "chunks" in root else None
+        chunks = _dataset(root["chunks"], {}, f"{path}: chunks") if "chunks" in root else None
         return docs, chunks
+
+    def open_tokens(self, path: str) -> xr.Dataset | None:
+        root = _verified_group(path)
+        return _dataset(root["tokens"], {}, f"{path}: tokens") if "tokens" in root else None
 
     def add_view(self, path: str, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
                  levels: Sequence[str]) -> None:
@@ -123,7 +238,7 @@ class ZarrFormat:
         """
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            root: Any = zarr.open_group(path, mode="a", use_consolidated=False)
+            root = _verified_group(path, writable=True)
             for level in levels:
                 group = root[level]
                 src = group[source]
@@ -137,7 +252,7 @@ class ZarrFormat:
                         out = group.create_array(
                             tmp_name, shape=(n, block.shape[1]), dtype=src.dtype,
                             chunks=(min(ROWS_PER_CHUNK, max(n, 1)), block.shape[1]),
-                            compressors=COMPRESSOR,
+                            compressors=COMPRESSOR, fill_value=np.nan,
                             dimension_names=(src.metadata.dimension_names[0], f"{name}_dim"),
                             overwrite=True)
                     out[start : start + len(block)] = block
@@ -156,13 +271,46 @@ class ZarrFormat:
                                    dimension_names=dims)[...] = value
 
     def read_params(self, path: str, name: str) -> dict[str, np.ndarray]:
-        root: Any = zarr.open_group(path, mode="r")
-        group = root["post"][name]
+        group = _verified_group(path)["post"][name]
         return {key: np.asarray(array[...]) for key, array in group.arrays()}
 
     def update_provenance(self, path: str, provenance: dict[str, Any]) -> None:
+        """Write the provenance; a complete one is sealed with every data file's checksum."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             root = zarr.open_group(path, mode="a", use_consolidated=False)
+            if is_complete(provenance):
+                _describe(root, provenance)  # before the seal: it changes arrays' zarr.json
+                provenance = sealed(provenance, {rel: sum_ for rel in self.data_files(path)
+                                                 if (sum_ := self.file_sum(path, rel))})
             root.update_attributes({"bertpipe": provenance})
             zarr.consolidate_metadata(path)
+
+    def data_files(self, path: str) -> list[str]:
+        """Every file of the arrays (chunks and array metadata), as store-relative keys;
+        dot-names (a view still being written) are not data yet."""
+        root = Path(path)
+        files = []
+        for top in DATA_DIRS:
+            for file in sorted((root / top).rglob("*")):
+                rel = file.relative_to(root)
+                if file.is_file() and not any(p.startswith(".") for p in rel.parts):
+                    files.append(rel.as_posix())
+        return files
+
+    def file_sum(self, path: str, rel: str) -> FileSum | None:
+        return file_sum(Path(path) / rel)
+
+    def checked_size(self, path: str, rel: str) -> int | None:
+        file = Path(path) / rel
+        return file.stat().st_size if file.is_file() else None
+
+    def row_counts(self, path: str) -> dict[str, tuple[str, int]]:
+        root: Any = zarr.open_group(path, mode="r")
+        counts = {"ids": ("docs", int(root["ids"].shape[0]))} if "ids" in root else {}
+        for level in ("docs", "chunks"):
+            if level in root:
+                for name, array in root[level].arrays():
+                    if not name.startswith("."):
+                        counts[f"{level}/{name}"] = (level, int(array.shape[0]))
+        return counts

@@ -1,0 +1,115 @@
+"""Everything a job can be checked for before any work, without loading weights or reading
+rows: the model's config and tokenizer, the views against them (layer indices, widths,
+post-processing dims, the pooler), the chunk budget, and the input's Parquet footers.
+
+`bertpipe validate`, `bertpipe extract --dry-run` and every run call `preflight` before a
+store is created, so a job that cannot work is refused with nothing written.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import InputError, JobError, ModelError
+from ..spec import Job
+from .chunking import Specials, content_budget
+from .model import (
+    has_pooler_weights,
+    load_config,
+    load_tokenizer,
+    max_positions_of,
+    model_shape,
+)
+from .source import InputScan, Partition, plan_partitions, scan_input
+from .views import ResolvedView, resolve_views
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checked job: what the model is, what each view gives, and the partitions."""
+
+    job: Job
+    model_type: str
+    n_layers: int
+    hidden: int
+    max_positions: int
+    budget: int  # content tokens per chunk, special tokens excluded
+    widths: dict[str, int]  # view -> stored width
+    scan: InputScan
+    partitions: list[Partition]
+
+    def summary(self) -> str:
+        """One line: what was checked."""
+        files = len(self.scan.files)
+        return (f"model {self.model_type} ({self.n_layers} layers, hidden {self.hidden}); "
+                f"input {files} file{'s' if files != 1 else ''}, {self.scan.rows} rows, "
+                f"{len(self.partitions)} partitions")
+
+    def describe(self) -> str:
+        """The plan in full, for `extract --dry-run`."""
+        job = self.job
+        lines = [
+            f"model      {job.model.path} ({self.model_type}, {self.n_layers} layers, hidden "
+            f"{self.hidden}, {self.max_positions} positions)",
+            f"chunking   {job.chunking.strategy}, {self.budget} content tokens per chunk"
+            + (f", overlap {job.chunking.overlap}" if job.chunking.overlap else ""),
+            "views      " + ", ".join(f"{name} ({width})" for name, width in self.widths.items()),
+            f"input      {len(self.scan.files)} files, {self.scan.rows} rows",
+        ]
+        lines += [f"  {f.path}  {f.rows} rows" for f in self.scan.files]
+        lines.append(f"partitions {len(self.partitions)} of at most "
+                     f"{job.execution.partition_rows} rows")
+        state = "exists" if os.path.lexists(job.output.path) else "does not exist yet"
+        lines.append(f"output     {job.output.format} {job.output.path} ({state}), levels "
+                     f"{', '.join(job.output.levels)}, {job.output.dtype}")
+        return "\n".join(lines)
+
+
+def preflight(job: Job) -> Plan:
+    """Check `job` against its model (config and tokenizer only) and its input (Parquet
+    metadata only); the plan of partitions, or a JobError/ModelError/InputError."""
+    config = load_config(job.model)
+    n_layers, hidden = model_shape(config)
+    views = resolve_views(job.views, n_layers, hidden)
+    _check_post(views)
+    _check_pooler(job, str(getattr(config, "model_type", "?")))
+    tokenizer = load_tokenizer(job.model)
+    try:
+        specials = Specials.from_tokenizer(tokenizer)
+    except ValueError as exc:
+        raise ModelError(f"model.path: {job.model.path!r}: {exc}") from None
+    positions = max_positions_of(config, tokenizer)
+    budget = content_budget(job.chunking, job.model.max_tokens, positions, specials)
+    scan = scan_input(job.input)
+    partitions = plan_partitions(job.input, job.execution.partition_rows, scan)
+    if not partitions:
+        raise InputError(f"input.path: {job.input.path} has no rows")
+    return Plan(job, str(getattr(config, "model_type", "?")), n_layers, hidden, positions,
+                budget, {v.name: v.width for v in views}, scan, partitions)
+
+
+def _check_post(views: list[ResolvedView]) -> None:
+    """Post-processing sizes against the view's width (known from the config)."""
+    for view in views:
+        post = view.spec.post
+        if post is None:
+            continue
+        key = f"views.{view.name}.post"
+        if post.dims is not None and post.dims > view.width:
+            raise JobError(f"{key}.dims: {post.dims} is more than the view's width "
+                           f"{view.width}")
+        if post.method == "abtt" and post.d >= view.width:
+            raise JobError(f"{key}.d: removing {post.d} directions of a view of width "
+                           f"{view.width} leaves nothing; use fewer than {view.width}")
+
+
+def _check_pooler(job: Job, model_type: str) -> None:
+    """`pooling: pooler` needs trained pooler weights: told from the weight file headers."""
+    users = [v.name for v in job.views if v.pooling == "pooler"]
+    if not users:
+        return
+    if has_pooler_weights(job.model.path) is False:
+        raise ModelError(f"pooling pooler: model {job.model.path!r} ({model_type}) has no "
+                         f"trained pooler weights (views {', '.join(users)}); use cls or mean "
+                         "instead")

@@ -1,0 +1,419 @@
+"""Damaged stores, as a table: each row damages a fresh copy of a finished store, runs a
+command that reads it, and expects an exit code, a fragment of the one-line message
+naming the array or file, no crash and no traceback, and the damaged store left exactly
+as it was. Truncated Zarr chunks (a crash in the codec, once) run in a subprocess, so
+that a crash shows as a negative return code instead of killing the test run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import zarr
+from click.testing import CliRunner
+
+import pipeline
+from pipeline.cli import main
+from pipeline.errors import BertpipeError, StoreError
+from pipeline.run.runner import run_job
+from pipeline.spec import Job
+from pipeline.stores import format_named
+from pipeline.stores.zarr_store import ZarrFormat
+from tests.conftest import REPO, job_dict, store_schema_errors, write_table
+
+pytestmark = pytest.mark.table  # hundreds of CLI runs: make test, not make test-fast
+
+TEXTS = ["the drug worked very well", "bad side effects, no sleep for a week", "great",
+         "my doctor said it is not good for pain and sleep", "yes", "the day was good",
+         "it worked. then it did not. then the pain was terrible!", "pain pain pain",
+         "no effects with the drug in my week", "a very good drug for my pain"]
+
+# ---------------------------------------------------------------- finished stores
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> dict[str, Path]:
+    """One finished store per format (built once; each test damages a copy)."""
+    root = tmp_path_factory.mktemp("pristine")
+    source = write_table(root / "in.parquet", {"id": [f"r{i}" for i in range(len(TEXTS))],
+                                                "text": TEXTS})
+    stores = {}
+    for fmt in ("zarr", "parquet"):
+        out = root / f"s.{fmt}"
+        run_job(Job.from_dict(job_dict(source, tiny_bert, out, output={"format": fmt})))
+        stores[fmt] = out
+    return stores
+
+
+def _job_into(pristine: Path, store: Path) -> Job:
+    """The job that made `pristine`, writing to `store` (the same run fingerprint)."""
+    job = pipeline.open_store(pristine).provenance.job
+    return replace(job, output=replace(job.output, path=str(store)))
+
+
+@pytest.fixture
+def store(request: pytest.FixtureRequest, pristine: dict[str, Path], tmp_path: Path) -> Path:
+    """A copy of the pristine store of format `request.param`, at the same path inside
+    tmp_path (the provenance names its own output path)."""
+    copy = tmp_path / pristine[request.param].name
+    shutil.copytree(pristine[request.param], copy)
+    return copy
+
+
+def _fingerprint(path: Path) -> dict[str, str]:
+    """Every file of a store and its SHA-256: what `unchanged` compares."""
+    return {str(f.relative_to(path)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(path.rglob("*")) if f.is_file()}
+
+
+# ---------------------------------------------------------------- damage
+
+
+def _flip(file: Path, offset: int) -> None:
+    data = bytearray(file.read_bytes())
+    data[offset] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+def _truncate(file: Path) -> None:
+    with file.open("r+b") as f:
+        f.truncate(file.stat().st_size // 2)
+
+
+def _zarr_chunk(store: Path) -> Path:
+    return store / "docs" / "mean" / "c" / "0" / "0"
+
+
+def _parquet_page(file: Path, column: str) -> int:
+    """An offset inside the data of `column` (its first column chunk)."""
+    meta = pq.read_metadata(file).row_group(0)
+    chunk = next(meta.column(i) for i in range(meta.num_columns)
+                 if meta.column(i).path_in_schema == f"{column}.list.element")
+    return int(chunk.data_page_offset + chunk.total_compressed_size // 2)
+
+
+def _newer_format(store: Path) -> None:
+    fmt = format_named("zarr" if (store / "zarr.json").exists() else "parquet")
+    raw = fmt.read_provenance(str(store)) or {}
+    fmt.update_provenance(str(store), {**raw, "format_version": 2})
+
+
+DAMAGE: dict[str, Callable[[Path], None]] = {
+    "truncated chunk": lambda s: _truncate(_zarr_chunk(s)),
+    "deleted chunk": lambda s: _zarr_chunk(s).unlink(),
+    "flipped chunk byte": lambda s: _flip(_zarr_chunk(s), _zarr_chunk(s).stat().st_size // 2),
+    "deleted array": lambda s: shutil.rmtree(s / "docs" / "mean"),
+    "newer format_version": _newer_format,
+    "missing docs/part-0.parquet": lambda s: (s / "docs/part-0.parquet").unlink(),
+    "truncated docs/part-0.parquet": lambda s: _truncate(s / "docs/part-0.parquet"),
+    "truncated chunks/part-0.parquet": lambda s: _truncate(s / "chunks/part-0.parquet"),
+    "missing chunks/part-0.parquet": lambda s: (s / "chunks/part-0.parquet").unlink(),
+    "flipped docs/part-0.parquet byte": lambda s: _flip(s / "docs/part-0.parquet",
+                                                 _parquet_page(s / "docs/part-0.parquet", "mean")),
+}
+
+# ---------------------------------------------------------------- commands
+
+COMMANDS: dict[str, list[str]] = {
+    "verify": ["verify", "{store}"],
+    "inspect": ["inspect", "{store}"],
+    "inspect --geometry": ["inspect", "--geometry", "--sample", "50", "{store}"],
+    "search --exact": ["search", "{store}", "--exact", "-k", "2", "--view", "mean", "pain"],
+    "postprocess": ["postprocess", "{store}", "--view", "mean", "--method", "center"],
+    "vectors()": [],  # pipeline.open_store(store).vectors("mean")
+    "rerun": [],  # the store's own job run again (bertpipe extract)
+}
+
+DRIVER = """
+import sys
+from pipeline.errors import BertpipeError
+if sys.argv[1] == "vectors()":
+    import pipeline
+    try:
+        print(pipeline.open_store(sys.argv[2]).vectors("mean").shape)
+    except BertpipeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+else:
+    from pipeline.cli import main
+    main(sys.argv[1:])
+"""
+
+
+def run_command(command: str, store: Path, isolated: bool,
+                job: Job | None = None) -> tuple[int, str]:
+    """(exit code, stdout + stderr) of one command against `store`; `isolated` runs it in
+    a subprocess, where a crash is a negative return code; `job` is what `rerun` runs."""
+    args = [a.format(store=store) for a in COMMANDS[command]]
+    if isolated:
+        argv = [sys.executable, "-c", DRIVER, *(args or [command, str(store)])]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+        return proc.returncode, proc.stdout + proc.stderr
+    if command == "vectors()":
+        return _in_process(lambda: pipeline.open_store(store).vectors("mean"))
+    if command == "rerun":
+        assert job is not None
+        return _in_process(lambda: run_job(job))
+    result = CliRunner().invoke(main, args)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception  # a traceback: the test fails showing it
+    return result.exit_code, result.stdout + result.stderr
+
+
+def _in_process(call: Callable[[], Any]) -> tuple[int, str]:
+    try:
+        call()
+    except BertpipeError as exc:
+        return exc.exit_code, f"error: {exc}"
+    return 0, ""
+
+
+# ---------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class Case:
+    fmt: str
+    damage: str
+    command: str
+    code: int
+    fragment: str  # in the message; names the array or file
+    isolated: bool = False  # in a subprocess: the codec once crashed the process here
+
+
+def _row(fmt: str, damage: str, expect: dict[str, tuple[int, str]],
+         isolated: bool = False) -> list[Case]:
+    return [Case(fmt, damage, command, code, fragment, isolated)
+            for command, (code, fragment) in expect.items()]
+
+
+def _all(code: int, fragment: str, commands: tuple[str, ...] = (
+        "verify", "inspect", "inspect --geometry", "search --exact", "vectors()")
+         ) -> dict[str, tuple[int, str]]:
+    return {command: (code, fragment) for command in commands}
+
+
+NEWER = "format version 2 is newer than this bertpipe reads"
+TABLE: list[Case] = [
+    # Zarr: the chunk of docs/mean (all 10 rows) damaged three ways, or the array gone
+    *_row("zarr", "truncated chunk", _all(5, "docs/mean: chunk c/0/0 is damaged"),
+          isolated=True),
+    *_row("zarr", "truncated chunk", {"rerun": (5, "docs/mean: chunk c/0/0 is damaged")}),
+    *_row("zarr", "deleted chunk", _all(5, "docs/mean: chunk c/0/0 is missing")),
+    *_row("zarr", "deleted chunk", {"rerun": (5, "fails verification: docs/mean: chunk")}),
+    *_row("zarr", "flipped chunk byte", {
+        **_all(5, "docs/mean: chunk c/0/0 is damaged (its bytes do not match"),
+        "inspect": (0, "coverage"),  # reads no vector: nothing to notice (verify does)
+        "postprocess": (5, "fails verification, left unchanged: docs/mean: chunk c/0/0"),
+        "rerun": (5, "complete but fails verification: docs/mean: chunk c/0/0 is damaged")}),
+    *_row("zarr", "deleted array", {
+        **_all(5, "docs/mean: the array is missing"),
+        "rerun": (5, "fails verification: docs/mean: the array is missing")}),
+    *_row("zarr", "newer format_version", {**_all(5, NEWER), "rerun": (5, NEWER)}),
+    # Parquet: a file gone, cut short, or a byte of the mean column's data flipped
+    *_row("parquet", "missing docs/part-0.parquet", _all(5, "docs/part-0.parquet is missing")),
+    *_row("parquet", "truncated docs/part-0.parquet", {
+        **_all(5, "docs/part-0.parquet: damaged Parquet file"),
+        "rerun": (5, "docs/part-0.parquet: damaged Parquet file")}),
+    *_row("parquet", "truncated chunks/part-0.parquet", {
+        **_all(5, "chunks/part-0.parquet is damaged"),
+        "rerun": (5, "fails verification: chunks/part-0.parquet is damaged")}),
+    *_row("parquet", "missing chunks/part-0.parquet", _all(5, "chunks/part-0.parquet is missing")),
+    *_row("parquet", "flipped docs/part-0.parquet byte", {
+        "verify": (5, "docs/part-0.parquet is damaged (its bytes do not match"),
+        "inspect": (0, "coverage"),  # reads no vector column: nothing to notice
+        "inspect --geometry": (5, "docs/part-0.parquet: column mean, row group 0: damaged"),
+        "search --exact": (5, "docs/part-0.parquet: column mean, row group 0: damaged"),
+        "vectors()": (5, "docs/part-0.parquet: column mean, row group 0: damaged"),
+        "postprocess": (5, "fails verification, left unchanged: docs/part-0.parquet is damaged"),
+        "rerun": (5, "complete but fails verification: docs/part-0.parquet is damaged")}),
+    *_row("parquet", "newer format_version", {**_all(5, NEWER), "rerun": (5, NEWER)}),
+]
+
+
+def _param(case: Case) -> Any:
+    marks = [pytest.mark.no_store_schema] if case.damage == "newer format_version" else []
+    return pytest.param(case, id=f"{case.fmt}-{case.damage}-{case.command}", marks=marks)
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in TABLE])
+def test_damaged_store(case: Case, pristine: dict[str, Path], tmp_path: Path) -> None:
+    store = tmp_path / pristine[case.fmt].name
+    shutil.copytree(pristine[case.fmt], store)
+    DAMAGE[case.damage](store)
+    before = _fingerprint(store)
+    job = _job_into(pristine[case.fmt], store)
+    code, output = run_command(case.command, store, case.isolated, job)
+    assert code >= 0, f"crashed (signal {-code}): {output[-2000:]}"
+    assert "Traceback" not in output, output
+    assert code == case.code, output
+    assert case.fragment in output, output
+    if code:
+        assert len([line for line in output.splitlines() if line.startswith("error:")]) == 1
+    assert _fingerprint(store) == before  # a refused command changed nothing
+
+
+def test_the_table_covers_every_damage_and_command() -> None:
+    assert {c.damage for c in TABLE} == set(DAMAGE)
+    assert {c.command for c in TABLE} == set(COMMANDS)
+    assert len({(c.fmt, c.damage, c.command, c.isolated) for c in TABLE}) == len(TABLE)
+
+
+# ---------------------------------------------------------------- stores that prove themselves
+
+
+@pytest.mark.parametrize("store", ["zarr", "parquet"], indirect=True)
+def test_fresh_store_verifies_ok(store: Path) -> None:
+    code, output = run_command("verify", store, isolated=False)
+    assert code == 0, output
+    fmt = "zarr" if store.suffix == ".zarr" else "parquet"
+    assert output.strip().startswith(f"{store}: OK ({fmt}; 10 rows, 10 chunks, 2 views; ")
+    assert len(output.strip().splitlines()) == 1
+    provenance = format_named(fmt).read_provenance(str(store)) or {}
+    assert store_schema_errors(provenance) == []
+
+
+@pytest.mark.parametrize("store", ["zarr", "parquet"], indirect=True)
+def test_checksums_cover_every_data_file(store: Path) -> None:
+    """Recorded: every chunk and array metadata file (Zarr), the column data before the
+    footer (Parquet); each checksum is the SHA-256 of exactly those bytes."""
+    data = pipeline.open_store(store)
+    sums = data.provenance.checksums
+    if data.format == "zarr":  # every file but the root zarr.json (it holds the provenance)
+        files = {f.relative_to(store).as_posix() for f in store.rglob("*") if f.is_file()}
+        assert set(sums) == files - {"zarr.json"}
+        assert {"docs/mean/c/0/0", "docs/id/zarr.json", "chunks/cls/c/0/0"} <= set(sums)
+    else:
+        assert set(sums) == {"docs/part-0.parquet", "chunks/part-0.parquet"}
+    for rel, recorded in sums.items():
+        raw = (store / rel).read_bytes()
+        if rel.endswith(".parquet"):  # up to the footer: 4-byte length, then magic, at the end
+            footer = int.from_bytes(raw[-8:-4], "little")
+            raw = raw[: len(raw) - 8 - footer]
+            assert raw[:4] == b"PAR1"
+        assert (recorded.size, recorded.sha256) == (len(raw), hashlib.sha256(raw).hexdigest())
+
+
+@pytest.mark.parametrize("store", ["zarr", "parquet"], indirect=True)
+def test_postprocess_records_its_files_and_still_verifies(store: Path) -> None:
+    before = pipeline.open_store(store).provenance.checksums
+    code, output = run_command("postprocess", store, isolated=False)
+    assert code == 0, output
+    after = pipeline.open_store(store).provenance.checksums
+    if store.suffix == ".zarr":  # new arrays and parameters; the old files untouched
+        assert {k: v for k, v in after.items() if k in before} == before
+        assert {"docs/mean_center/c/0/0", "chunks/mean_center/c/0/0",
+                "post/mean_center/mean/c/0"} <= set(after) - set(before)
+    else:  # the rewritten files, and the fitted parameters
+        assert set(after) == set(before) | {"post/mean_center.npz"}
+        assert after["docs/part-0.parquet"] != before["docs/part-0.parquet"]
+    code, output = run_command("verify", store, isolated=False)
+    assert code == 0 and "3 views" in output, output
+
+
+@pytest.mark.parametrize("store", ["parquet"], indirect=True)
+def test_parquet_provenance_update_rewrites_only_the_footer(store: Path) -> None:
+    file = store / "docs/part-0.parquet"
+    fmt = format_named("parquet")
+    raw = fmt.read_provenance(str(store)) or {}
+    data_before = file.read_bytes()[: raw["checksums"]["docs/part-0.parquet"]["size"]]
+    table_before = pq.read_table(file)
+    fmt.update_provenance(str(store), {**raw, "created": "2030-01-01T00:00:00+00:00"})
+    assert file.read_bytes()[: len(data_before)] == data_before
+    assert pq.read_table(file).equals(table_before)
+    assert fmt.read_provenance(str(store))["created"].startswith("2030")  # type: ignore[index]
+    assert run_command("verify", store, isolated=False)[0] == 0
+
+
+def test_vector_fill_value_is_nan(pristine: dict[str, Path]) -> None:
+    root: Any = zarr.open_group(str(pristine["zarr"]), mode="r")
+    for level in ("docs", "chunks"):
+        for view in ("mean", "cls"):
+            assert np.isnan(root[level][view].metadata.fill_value)
+
+
+@pytest.mark.parametrize("store", ["zarr"], indirect=True)
+def test_store_without_checksums_reads_a_missing_chunk_as_nan(store: Path) -> None:
+    """A store written before checksums existed: nothing vouches for it, so `verify` says
+    so; a chunk that is missing reads as NaN (the fill value), never as zero vectors."""
+    _strip_checksums(store)
+    code, output = run_command("verify", store, isolated=False)
+    assert code == 5 and "no checksums recorded" in output, output
+    _zarr_chunk(store).unlink()
+    vectors = pipeline.open_store(store).vectors("mean")
+    assert vectors.shape == (10, 32) and np.isnan(vectors).all()
+
+
+@pytest.mark.parametrize("store", ["zarr"], indirect=True)
+def test_store_without_checksums_truncated_chunk_is_an_error_not_a_crash(store: Path) -> None:
+    """With no checksum to refuse the bytes first, the codec sees them: its error becomes
+    a StoreError naming the array (in a subprocess: a crash would be a negative code)."""
+    _strip_checksums(store)
+    _truncate(_zarr_chunk(store))
+    code, output = run_command("vectors()", store, isolated=True)
+    assert code == 5, output
+    assert "docs/mean: cannot be decoded" in output and "Traceback" not in output
+
+
+def _strip_checksums(store: Path) -> None:
+    meta = json.loads((store / "zarr.json").read_text())
+    del meta["attributes"]["bertpipe"]["checksums"]
+    # the consolidated copy lives in the same file: only the root attributes change
+    (store / "zarr.json").write_text(json.dumps(meta))
+    assert ZarrFormat().read_provenance(str(store)).get("checksums") is None  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("store", ["zarr"], indirect=True)
+def test_verify_names_an_array_the_provenance_does_not_record(store: Path) -> None:
+    root: Any = zarr.open_group(str(store), mode="a", use_consolidated=False)
+    root["docs"].create_array("stray", shape=(10,), dtype="int64")[...] = np.arange(10)
+    code, output = run_command("verify", store, isolated=False)
+    assert code == 5, output
+    assert "docs/stray: chunk c/0 is not recorded in the provenance" in output
+
+
+@pytest.mark.parametrize("store", ["zarr", "parquet"], indirect=True)
+def test_verify_checks_rows_against_the_provenance(store: Path) -> None:
+    fmt = format_named("zarr" if store.suffix == ".zarr" else "parquet")
+    raw = fmt.read_provenance(str(store)) or {}
+    fmt.update_provenance(str(store), {**raw, "stats": {**raw["stats"], "rows": 11}})
+    code, output = run_command("verify", store, isolated=False)
+    assert code == 5, output
+    name = "docs/mean" if store.suffix == ".zarr" else "docs/part-0.parquet"
+    assert f"{name} has 10 rows where the provenance says 11" in output
+
+
+@pytest.mark.parametrize("store", ["zarr", "parquet"], indirect=True)
+def test_verify_refuses_an_incomplete_store(store: Path) -> None:
+    fmt = format_named("zarr" if store.suffix == ".zarr" else "parquet")
+    raw = fmt.read_provenance(str(store)) or {}
+    fmt.update_provenance(str(store), {**raw, "complete": False})
+    code, output = run_command("verify", store, isolated=False)
+    assert code == 5 and "incomplete" in output, output
+
+
+@pytest.mark.no_store_schema
+@pytest.mark.parametrize("store", ["zarr", "parquet"], indirect=True)
+def test_newer_format_version_is_refused_on_open(store: Path) -> None:
+    _newer_format(store)
+    with pytest.raises(StoreError, match=f"{NEWER} \\(1\\); upgrade bertpipe"):
+        pipeline.open_store(store)
+
+
+def test_verify_of_a_path_that_is_no_store(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    code, output = run_command("verify", tmp_path, isolated=False)
+    assert code == 5 and "not a bertpipe store" in output, output
+    assert (tmp_path / "notes.txt").read_text() == "mine"

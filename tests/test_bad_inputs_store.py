@@ -1,0 +1,627 @@
+"""The store's lifecycle under bad input, as a table: what `--overwrite` may remove, where
+the output may go, when a rerun may reuse a store, one writer at a time, and a scheduler
+that cannot be reached.
+
+Each row of TABLE is a command, its exit code, a fragment of its one-line message, and what
+must hold afterwards; for a refusal that is "nothing under the test's folder changed", which
+the snapshot of every file (path, SHA-256, link target) checks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner, Result
+
+import pipeline
+from pipeline.cli import main
+from pipeline.run import runner
+from pipeline.stores.lock import LOCK_NAME, STALE_AFTER_S
+from tests.conftest import job_dict, write_job
+
+pytestmark = pytest.mark.table  # hundreds of CLI runs: make test, not make test-fast
+
+BIN = Path(sys.executable).parent
+TEXTS = ["the drug worked very well", "bad side effects, no sleep for a week", "great",
+         "my doctor said it is not good for pain and sleep", "yes", "the day was good",
+         "no effects with the drug in my week", "pain pain pain", "a very good drug",
+         "it worked. then it did not."]
+
+
+@dataclass
+class World:
+    """A test's folder: an input table, a job file writer and the tiny model."""
+
+    tmp: Path
+    model: Path
+    monkeypatch: pytest.MonkeyPatch
+
+    @property
+    def src(self) -> Path:
+        return self.tmp / "data" / "texts.parquet"
+
+    def write_input(self, texts: list[str] = TEXTS, path: Path | None = None) -> Path:
+        path = path or self.src
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({"id": [f"r{i}" for i in range(len(texts))], "text": texts}),
+                       path)
+        return path
+
+    def job(self, out: Path | str, source: Path | str | None = None, name: str = "job",
+            folder: Path | None = None, **sections: Any) -> Path:
+        raw = job_dict(Path(source or self.src), self.model, Path(out), **sections)
+        raw["output"]["path"] = str(out)  # as written, relative paths included
+        folder = folder or self.tmp / "jobs"
+        folder.mkdir(parents=True, exist_ok=True)
+        return write_job(folder / f"{name}.yaml", raw)
+
+    def user_folder(self) -> Path:
+        folder = self.tmp / "thesis"
+        folder.mkdir()
+        (folder / "thesis.tex").write_text("three years of work")
+        (folder / "figures").mkdir()
+        (folder / "figures" / "f1.pdf").write_bytes(b"%PDF")
+        return folder
+
+    def interrupted(self, job_file: Path, after: int = 1) -> None:
+        """Run `job_file` in-process and stop it (as Ctrl-C would) after `after` partitions."""
+        class StopsAfter(runner.InProcessExecutor):
+            def run(self, job, parts, staging, fingerprint, on_done):  # type: ignore[no-untyped-def]
+                super().run(job, parts[:after], staging, fingerprint, on_done)
+                raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            runner.run_job(pipeline.spec.load_job(job_file), executor=StopsAfter(),
+                           job_file=job_file)
+
+
+def run(*args: str | Path) -> Result:
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every entry under `root`: file contents, folders, link targets."""
+    found = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            key = str(path.relative_to(root))
+            if path.is_symlink():
+                found[key] = f"link -> {os.readlink(path)}"
+            elif path.is_dir():
+                found[key] = "dir"
+            else:
+                found[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+def store_arrays(path: Path) -> dict[str, np.ndarray]:
+    store = pipeline.open_store(path)
+    arrays = {f"docs/{k}": np.asarray(v.values) for k, v in store.docs.variables.items()}
+    if store.chunks is not None:
+        arrays |= {f"chunks/{k}": np.asarray(v.values) for k, v in store.chunks.variables.items()}
+    return arrays
+
+
+def assert_identical_stores(got: Path, want: Path) -> None:
+    a, b = store_arrays(got), store_arrays(want)
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def one_line_error(result: Result | subprocess.CompletedProcess[str]) -> str:
+    """The one `error:` line, last on stderr (progress lines may come before it)."""
+    stderr = result.stderr
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], stderr
+    assert "Traceback" not in stderr
+    return errors[0]
+
+
+# --- the table -------------------------------------------------------------------------------
+# A setup prepares the world and returns the command's arguments.
+
+def overwrite_user_folder(w: World) -> list[Any]:
+    return ["extract", w.job(w.user_folder()), "--overwrite"]
+
+
+def overwrite_key_user_folder(w: World) -> list[Any]:
+    return ["extract", w.job(w.user_folder(), output={"overwrite": True})]
+
+
+def overwrite_dot(w: World) -> list[Any]:
+    project = w.tmp / "project"
+    project.mkdir()
+    (project / "README.md").write_text("my project")
+    job = w.job(".", folder=project)
+    w.monkeypatch.chdir(project)
+    return ["extract", job, "--overwrite"]
+
+
+def overwrite_symlink_to_user_folder(w: World) -> list[Any]:
+    link = w.tmp / "out.zarr"
+    link.symlink_to(w.user_folder(), target_is_directory=True)
+    return ["extract", w.job(link), "--overwrite"]
+
+
+def overwrite_input_file(w: World) -> list[Any]:
+    return ["extract", w.job(w.src), "--overwrite"]
+
+
+def overwrite_input_folder(w: World) -> list[Any]:
+    return ["extract", w.job(w.src.parent, source=w.src.parent), "--overwrite"]
+
+
+def output_inside_input_folder(w: World) -> list[Any]:
+    return ["extract", w.job(w.src.parent / "out.parquet", source=w.src.parent,
+                             output={"format": "parquet"})]
+
+
+def output_matched_by_input_glob(w: World) -> list[Any]:
+    return ["extract", w.job(w.src.parent / "out.parquet", source=w.src.parent / "*.parquet",
+                             output={"format": "parquet"})]
+
+
+def output_is_job_folder(w: World) -> list[Any]:
+    return ["extract", w.job(w.tmp / "jobs"), "--overwrite"]
+
+
+def output_holds_job_file(w: World) -> list[Any]:
+    return ["extract", w.job(w.tmp / "jobs" / "job.yaml"), "--overwrite"]
+
+
+def output_is_a_file(w: World) -> list[Any]:
+    (w.tmp / "notes.zarr").write_text("not a store")
+    return ["extract", w.job(w.tmp / "notes.zarr"), "--overwrite"]
+
+
+def overwrite_foreign_zarr(w: World) -> list[Any]:
+    import zarr
+
+    zarr.open_group(w.tmp / "theirs.zarr", mode="w", attributes={"owner": "someone"})
+    return ["extract", w.job(w.tmp / "theirs.zarr"), "--overwrite"]
+
+
+def resume_with_other_partition_rows(w: World) -> list[Any]:
+    w.interrupted(w.job(w.tmp / "o.zarr"))
+    return ["extract", w.job(w.tmp / "o.zarr", execution={"partition_rows": 4})]
+
+
+def resume_after_input_changed(w: World) -> list[Any]:
+    job = w.job(w.tmp / "o.zarr")
+    w.interrupted(job)
+    w.write_input([t.upper() for t in TEXTS])  # same rows, other text
+    return ["extract", job]
+
+
+def resume_after_input_grew(w: World) -> list[Any]:
+    job = w.job(w.tmp / "o.zarr", output={"format": "parquet"})
+    w.interrupted(job)
+    w.write_input(TEXTS + ["one more review"])
+    return ["extract", job]
+
+
+def complete_store_input_changed(w: World) -> list[Any]:
+    job = w.job(w.tmp / "o.zarr")
+    assert run("extract", job).exit_code == 0
+    w.write_input(TEXTS[::-1])
+    return ["extract", job]
+
+
+def complete_store_input_file_added(w: World) -> list[Any]:
+    job = w.job(w.tmp / "o.parquet", source=w.src.parent, output={"format": "parquet"})
+    assert run("extract", job).exit_code == 0
+    w.write_input(["another file"], w.src.parent / "more.parquet")
+    return ["extract", job]
+
+
+def live_lock(w: World) -> list[Any]:
+    job = w.job(w.tmp / "o.zarr")
+    _fake_lock(w.tmp / "o.zarr", pid=os.getpid())  # this process: certainly alive
+    return ["extract", job]
+
+
+def stale_lock_dead_pid(w: World) -> list[Any]:
+    job = w.job(w.tmp / "o.zarr")
+    _fake_lock(w.tmp / "o.zarr", pid=_dead_pid())
+    return ["extract", job]
+
+
+def stale_lock_old(w: World) -> list[Any]:
+    job = w.job(w.tmp / "o.zarr")
+    _fake_lock(w.tmp / "o.zarr", pid=1, host="elsewhere", age_s=STALE_AFTER_S + 60)
+    return ["extract", job]
+
+
+def fresh_lock_of_another_host(w: World) -> list[Any]:
+    job = w.job(w.tmp / "o.zarr")
+    _fake_lock(w.tmp / "o.zarr", pid=1, host="elsewhere", age_s=STALE_AFTER_S - 60)
+    return ["extract", job]
+
+
+def unlock_live(w: World) -> list[Any]:
+    _fake_lock(w.tmp / "o.zarr", pid=os.getpid())
+    return ["unlock", w.tmp / "o.zarr"]
+
+
+def model_error_leaves_nothing(w: World) -> list[Any]:
+    w.model = w.tmp / "no-pooler"  # a DistilBERT: no pooler weights
+    return ["extract", w.job(w.tmp / "new" / "o.zarr", views={"p": {"pooling": "pooler"}})]
+
+
+@dataclass(frozen=True)
+class Row:
+    setup: Callable[[World], list[Any]]
+    code: int
+    fragment: str
+
+
+TABLE = [
+    Row(overwrite_user_folder, 5, "is not a bertpipe store (it holds figures/, thesis.tex); "
+        "--overwrite replaces only a bertpipe store or an empty folder"),
+    Row(overwrite_key_user_folder, 5, "is not a bertpipe store"),
+    Row(overwrite_dot, 5, "is the working directory"),
+    Row(overwrite_symlink_to_user_folder, 5, "thesis exists and is not a bertpipe store"),
+    Row(overwrite_input_file, 5, "is the input file"),
+    Row(overwrite_input_folder, 5, "is the input folder"),
+    Row(output_inside_input_folder, 5, "is inside the input folder"),
+    Row(output_matched_by_input_glob, 5, "is matched by the input pattern"),
+    Row(output_is_job_folder, 5, "is the job file's folder"),
+    Row(output_holds_job_file, 5, "is the job file"),
+    Row(output_is_a_file, 5, "is a file, not a bertpipe store"),
+    Row(overwrite_foreign_zarr, 5, "is not a bertpipe store (it holds zarr.json)"),
+    Row(resume_with_other_partition_rows, 5, "execution.partition_rows=8, this run asks for 4"),
+    Row(resume_after_input_changed, 5, "holds an interrupted run, but input file"),
+    Row(resume_after_input_grew, 5, "texts.parquet changed (rows 10 -> 11"),
+    Row(complete_store_input_changed, 5, "is complete, but input file"),
+    Row(complete_store_input_file_added, 5, "more.parquet is new"),
+    Row(live_lock, 5, "is being written by another run (host"),
+    Row(stale_lock_dead_pid, 5, "is no longer running on this host); if no run is writing"),
+    Row(stale_lock_old, 5, "not refreshed for 1.0 h); if no run is writing to it, clear the "
+        "lock with `bertpipe unlock"),
+    Row(fresh_lock_of_another_host, 5, "is being written by another run (host elsewhere, pid 1"),
+    Row(unlock_live, 5, "still running on this host"),
+    Row(model_error_leaves_nothing, 4, "pooler"),
+]
+
+
+@pytest.mark.parametrize("row", TABLE, ids=[r.setup.__name__ for r in TABLE])
+def test_table(row: Row, tmp_path: Path, tiny_bert: Path, tiny_distilbert: Path,
+               monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "no-pooler").symlink_to(tiny_distilbert, target_is_directory=True)
+    world = World(tmp_path, tiny_bert, monkeypatch)
+    world.write_input()
+    args = row.setup(world)
+    before = snapshot(tmp_path)
+    result = run(*args)
+    assert result.exit_code == row.code, result.output
+    assert row.fragment in one_line_error(result)
+    assert snapshot(tmp_path) == before  # refused means nothing changed
+
+
+def _fake_lock(store: Path, pid: int, host: str | None = None, age_s: float = 0) -> None:
+    """A lock as a run leaves it, last refreshed `age_s` ago."""
+    store.mkdir(parents=True, exist_ok=True)
+    started = time.time() - age_s
+    lock = store / LOCK_NAME
+    lock.write_text(json.dumps({
+        "host": host or socket.gethostname(), "pid": pid, "started_unix": started,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started)),
+        "fingerprint": "f" * 64, "token": "t"}))
+    os.utime(lock, (started, started))
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+# --- what follows a refusal: the way out the message names works ----------------------------
+
+def test_resume_with_the_original_partitioning_is_identical_to_a_clean_run(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    w.write_input()
+    job = w.job(tmp_path / "o.zarr")
+    w.interrupted(job)
+    refused = run("extract", job, "--set", "execution.partition_rows=4")
+    assert refused.exit_code == 5, refused.output
+    resumed = run("extract", job)
+    assert resumed.exit_code == 0, resumed.output
+    assert "skipped 1, run 1" in resumed.stdout
+    assert run("extract", w.job(tmp_path / "clean.zarr", name="clean")).exit_code == 0
+    assert_identical_stores(tmp_path / "o.zarr", tmp_path / "clean.zarr")
+
+
+def test_overwrite_after_input_changed_rebuilds_from_the_new_input(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    w.write_input()
+    job = w.job(tmp_path / "o.zarr")
+    assert run("extract", job).exit_code == 0
+    w.write_input(TEXTS + ["one more review"])
+    assert run("extract", job).exit_code == 5
+    result = run("extract", job, "--overwrite")
+    assert result.exit_code == 0, result.output
+    store = pipeline.open_store(tmp_path / "o.zarr")
+    assert store.docs.sizes["doc"] == 11
+    assert [f.rows for f in store.provenance.input_identity] == [11]
+    before = snapshot(tmp_path)
+    assert run("extract", job).stdout.startswith(f"{tmp_path / 'o.zarr'}: already complete")
+    assert snapshot(tmp_path) == before  # a complete store is only read: not even locked
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "parquet"])
+def test_overwrite_removes_only_the_stores_own_entries(fmt: str, tmp_path: Path,
+                                                       tiny_bert: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    w.write_input()
+    out = tmp_path / f"o.{fmt}"
+    assert run("extract", w.job(out, output={"format": fmt})).exit_code == 0
+    (out / "README.txt").write_text("my notes about this store")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("keep")
+    (out / "post").mkdir(exist_ok=True)
+    (out / "post" / "link").symlink_to(elsewhere, target_is_directory=True)
+    changed = w.job(out, output={"format": fmt}, views={"max": {"pooling": "max"}})
+    result = run("extract", changed, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert (out / "README.txt").read_text() == "my notes about this store"
+    assert (elsewhere / "keep.txt").read_text() == "keep"  # a link inside is not followed
+    assert pipeline.open_store(out).views == ["max"]
+
+
+def test_overwrite_through_a_symlink_to_a_store_replaces_the_store_and_keeps_the_link(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    w.write_input()
+    real = tmp_path / "real.zarr"
+    assert run("extract", w.job(real)).exit_code == 0
+    link = tmp_path / "link.zarr"
+    link.symlink_to(real, target_is_directory=True)
+    result = run("extract", w.job(link, views={"max": {"pooling": "max"}}), "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and pipeline.open_store(real).views == ["max"]
+
+
+def test_empty_folder_is_used_and_lock_released_on_success_error_and_interrupt(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    w.write_input()
+    out = tmp_path / "empty"
+    out.mkdir()
+    job = w.job(out)
+    w.interrupted(job)
+    assert not (out / LOCK_NAME).exists()
+    assert run("extract", job, "--set", "execution.partition_rows=4").exit_code == 5
+    assert not (out / LOCK_NAME).exists()
+    assert run("extract", job).exit_code == 0
+    assert not (out / LOCK_NAME).exists()
+    assert sorted(p.name for p in out.iterdir()) == ["chunks", "docs", "zarr.json"]
+
+
+def test_stale_lock_cleared_by_the_named_command(tmp_path: Path, tiny_bert: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    w.write_input()
+    job = w.job(tmp_path / "o.zarr")
+    w.interrupted(job)
+    _fake_lock(tmp_path / "o.zarr", pid=_dead_pid())  # as a killed run leaves it
+    message = one_line_error(run("extract", job))
+    command = message.split("`")[1]
+    assert command == f"bertpipe unlock {tmp_path / 'o.zarr'}"
+    unlocked = run(*command.split()[1:])
+    assert unlocked.exit_code == 0 and "removed the lock of pid" in unlocked.stdout
+    assert run("unlock", tmp_path / "o.zarr").stdout.endswith("not locked\n")
+    resumed = run("extract", job)
+    assert resumed.exit_code == 0 and "skipped 1, run 1" in resumed.stdout
+
+
+def test_store_lock_is_atomic_and_release_spares_anothers(tmp_path: Path) -> None:
+    from pipeline.errors import StoreError
+    from pipeline.stores.lock import StoreLock
+
+    first, second = StoreLock(tmp_path), StoreLock(tmp_path)
+    first.acquire("a" * 64)
+    with pytest.raises(StoreError, match=f"pid {os.getpid()}.*job aaaaaaaaaaaa"):
+        second.acquire("b" * 64)
+    second.release()  # never acquired: must not remove the first's lock
+    assert first.holder() is not None
+    first.release()
+    assert first.holder() is None
+    second.acquire("b" * 64)
+    first.release()  # released already: must not remove the second's lock
+    assert (second.holder() or {}).get("fingerprint") == "b" * 64
+    second.release()
+    assert sorted(tmp_path.iterdir()) == []
+
+
+def test_held_lock_is_refreshed_so_a_long_run_never_looks_stale(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.stores import lock as lock_module
+
+    monkeypatch.setattr(lock_module, "HEARTBEAT_S", 0.05)
+    held = lock_module.StoreLock(tmp_path)
+    held.acquire("a" * 64)
+    old = time.time() - 2 * STALE_AFTER_S
+    os.utime(held.path, (old, old))  # as if the run had started long ago
+    assert held.stale_reason(held.holder() or {}) is not None
+    deadline = time.monotonic() + 10
+    while held.path.stat().st_mtime < time.time() - 60:
+        assert time.monotonic() < deadline, "the holder did not refresh its lock"
+        time.sleep(0.02)
+    assert held.stale_reason(held.holder() or {}) is None
+    held.release()
+    assert not held.path.exists()
+
+
+def test_older_store_without_input_identity_is_not_called_complete(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    w.write_input()
+    job = w.job(tmp_path / "o.zarr")
+    assert run("extract", job).exit_code == 0
+    from pipeline.stores import format_named
+
+    fmt = format_named("zarr")
+    raw = fmt.read_provenance(str(tmp_path / "o.zarr")) or {}
+    raw.pop("input_identity")
+    fmt.update_provenance(str(tmp_path / "o.zarr"), raw)
+    assert pipeline.open_store(tmp_path / "o.zarr").provenance.input_identity == ()
+    assert "does not record the identity of its input" in one_line_error(run("extract", job))
+
+
+def test_input_identity_is_the_footer(tmp_path: Path) -> None:
+    from pipeline.extract.source import file_identity
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"text": ["apple", "bread", "cider"]}), path)
+    first = file_identity(str(path))
+    data = path.read_bytes()
+    footer = pq.ParquetFile(path).metadata.serialized_size  # the footer's length, by pyarrow
+    assert first.rows == 3 and first.size == len(data)
+    assert first.footer_sha256 == hashlib.sha256(data[-8 - footer:-8]).hexdigest()
+    pq.write_table(pa.table({"text": ["apple", "bread", "cidex"]}), path)  # same size
+    assert path.stat().st_size == len(data) and file_identity(str(path)) != first
+
+
+# --- two writers, a scheduler that is not there, the same codes on every executor -------------
+
+def _cli(*args: str | Path, env: dict[str, str] | None = None, **kw: Any
+         ) -> subprocess.Popen[str]:
+    return subprocess.Popen([str(BIN / "bertpipe"), *map(str, args)], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}, **kw)
+
+
+def test_two_concurrent_runs_one_proceeds_and_its_store_is_exact(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real `bertpipe extract` process holds the store (paused mid-run); a second run,
+    from this process, is refused naming it; the first then finishes as a clean run would."""
+    import torch
+
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    w.write_input(TEXTS * 4)
+    out = tmp_path / "o.zarr"
+    job = w.job(out)
+    first = _cli("extract", job)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / LOCK_NAME).exists():
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        first.send_signal(signal.SIGSTOP)  # hold the first mid-run, lock taken
+        before = snapshot(tmp_path)
+        second = run("extract", job)
+        assert second.exit_code == 5, second.output
+        assert f"is being written by another run (host {socket.gethostname()}, pid " \
+               f"{first.pid}," in one_line_error(second)
+        assert snapshot(tmp_path) == before
+    finally:
+        first.send_signal(signal.SIGCONT)
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert not (out / LOCK_NAME).exists()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the first process ran (OMP_NUM_THREADS=1)
+    try:
+        assert run("extract", w.job(tmp_path / "clean.zarr", name="clean")).exit_code == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert_identical_stores(out, tmp_path / "clean.zarr")
+
+
+def test_unreachable_scheduler_is_one_line_exit_7_and_leaves_nothing(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as s:  # a free port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    w.write_input()
+    job = w.job(tmp_path / "out" / "o.zarr")
+    before = snapshot(tmp_path)
+    proc = _cli("extract", job, "--scheduler", address)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 7, err
+    line = one_line_error(subprocess.CompletedProcess([], 7, "", err))
+    assert line == (f"error: execution.scheduler: cannot reach the Dask scheduler at {address} "
+                    "(Connection refused)")
+    assert snapshot(tmp_path) == before and not (tmp_path / "out").exists()
+
+
+def test_silent_scheduler_times_out_as_one_line_exit_7(tmp_path: Path, tiny_bert: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Something listens but never speaks Dask: the client's timeout, then the same line."""
+    import dask
+
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    w.write_input()
+    job = w.job(tmp_path / "o.zarr")
+    with socket.socket() as silent, dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"tcp://127.0.0.1:{silent.getsockname()[1]}"
+        result = run("extract", job, "--scheduler", address)
+    assert result.exit_code == 7, result.output
+    assert f"cannot reach the Dask scheduler at {address} (no answer within 1 s" \
+        in one_line_error(result)
+    assert not (tmp_path / "o.zarr").exists()
+
+
+@pytest.mark.parametrize("views,model,code,fragment", [
+    ({"deep": {"layers": [5], "pooling": "mean"}}, "bert", 2, "views.deep.layers"),
+    ({"p": {"pooling": "pooler"}}, "distilbert", 4, "pooling pooler"),
+])
+def test_model_errors_have_the_same_code_in_process_and_on_the_local_cluster(
+        views: dict[str, Any], model: str, code: int, fragment: str, tmp_path: Path,
+        tiny_bert: Path, tiny_distilbert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(tmp_path, tiny_bert if model == "bert" else tiny_distilbert, monkeypatch)
+    w.write_input()
+    for scheduler in ("synchronous", "local"):
+        job = w.job(tmp_path / f"{scheduler}.zarr", views=views, name=scheduler,
+                    execution={"scheduler": scheduler, "workers": 1, "threads_per_worker": 1})
+        result = run("extract", job)
+        assert result.exit_code == code, (scheduler, result.output)
+        assert fragment in one_line_error(result)
+        assert not (tmp_path / f"{scheduler}.zarr").exists()
+
+
+def test_partition_errors_are_reported_alike_in_process_and_on_the_local_cluster(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    ids: list[int | None] = list(range(20))
+    ids[13] = None
+    source = tmp_path / "ids.parquet"
+    # no footer statistics: the null id is found only when its partition reads its rows
+    pq.write_table(pa.table({"id": ids, "text": ["good drug"] * 20}), source,
+                   write_statistics=False)
+    lines = {}
+    for scheduler in ("synchronous", "local"):
+        job = w.job(tmp_path / f"{scheduler}.zarr", source=source, name=scheduler,
+                    execution={"scheduler": scheduler, "workers": 1, "threads_per_worker": 1})
+        result = run("extract", job)
+        assert result.exit_code == 6, (scheduler, result.output)
+        lines[scheduler] = one_line_error(result)
+    assert lines["synchronous"] == lines["local"]
+    assert "partition 1 (rows 8-15" in lines["local"] and "null id" in lines["local"]

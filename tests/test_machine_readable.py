@@ -1,0 +1,95 @@
+"""Machine-readable runs: `extract --json-summary` and `inspect --json`, against their
+schemas and against the store they describe."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+from click.testing import CliRunner
+
+import pipeline
+from pipeline.cli import main
+from tests.conftest import REPO, job_dict, write_job
+
+
+def _schema(name: str) -> dict:
+    return json.loads((REPO / "schemas" / name).read_text())
+
+
+def _extract(tmp_path: Path, job: dict, *extra: str) -> tuple[int, dict]:
+    out = tmp_path / "summary.json"
+    result = CliRunner().invoke(main, ["extract", str(write_job(tmp_path / "j.yaml", job)),
+                                       "--json-summary", str(out), *extra])
+    summary = json.loads(out.read_text())
+    jsonschema.validate(summary, _schema("run-summary.schema.json"))
+    assert summary["exit_code"] == result.exit_code, result.output
+    return result.exit_code, summary
+
+
+def test_summary_counts_match_the_store(tmp_path: Path, tiny_bert: Path,
+                                        small_texts: Path) -> None:
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr")
+    code, summary = _extract(tmp_path, job)
+    store = pipeline.open_store(tmp_path / "o.zarr")
+    assert code == 0 and summary["meaning"] == "ok" and summary["error"] is None
+    assert summary["rows"] == store.docs.sizes["doc"] == 10
+    assert summary["tokens"] == int(np.asarray(store.docs["n_tokens"].values).sum())
+    assert summary["tokens_encoded_this_run"] == summary["tokens"]
+    assert summary["chunks"] == int(np.asarray(store.docs["n_chunks"].values).sum())
+    assert summary["partitions"] == {"total": 2, "skipped": 0, "run": 2, "failed": 0}
+    assert summary["device"] == ["cpu"] and summary["dtype"] == ["float32"]
+
+
+def test_a_resume_counts_only_what_it_encoded(tmp_path: Path, tiny_bert: Path,
+                                              small_texts: Path) -> None:
+    from pipeline.run import runner
+    from pipeline.spec import Job
+
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr")
+    first = Job.from_dict(job)
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_first(part: object, marker: object) -> None:
+        raise Stop  # the first partition's marker is written; the run dies before the second
+
+    try:
+        runner.run_job(first, on_done=stop_after_first)
+    except Stop:
+        pass
+    code, summary = _extract(tmp_path, job)
+    assert code == 0 and summary["partitions"]["skipped"] == 1
+    assert summary["partitions"]["run"] == 1
+    assert 0 < summary["tokens_encoded_this_run"] < summary["tokens"]
+
+
+def test_a_failed_run_still_writes_its_summary(tmp_path: Path, tiny_bert: Path,
+                                               small_texts: Path) -> None:
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr",
+                   input={"text_column": "missing"})
+    code, summary = _extract(tmp_path, job)
+    assert code == 3 and summary["exit_code"] == 3
+    assert "input table" in summary["meaning"].lower() and "missing" in summary["error"]
+
+
+def test_inspect_json_matches_the_store(tmp_path: Path, tiny_bert: Path,
+                                       small_texts: Path) -> None:
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr")
+    assert CliRunner().invoke(main, ["extract", str(write_job(tmp_path / "j.yaml", job))]
+                              ).exit_code == 0
+    result = CliRunner().invoke(main, ["inspect", str(tmp_path / "o.zarr"), "--json",
+                                       "--geometry", "--sample", "50"])
+    assert result.exit_code == 0, result.output
+    facts = json.loads(result.stdout)
+    jsonschema.validate(facts, _schema("inspect.schema.json"))
+    store = pipeline.open_store(tmp_path / "o.zarr")
+    assert facts["rows"] == 10 and facts["complete"] is True
+    assert [v["name"] for v in facts["views"]] == store.views
+    assert {v["name"]: v["width"] for v in facts["views"]} == {"mean": 32, "cls": 32}
+    assert facts["coverage"]["tokens"] == int(np.asarray(store.docs["n_tokens"].values).sum())
+    assert {(g["view"], g["fix"]) for g in facts["geometry"]} >= {("mean", "raw"),
+                                                                  ("cls", "whiten")}
