@@ -63,7 +63,7 @@ $(PEER_MODEL)/peers.json: | install model
 	PYTHON=$(PYTHON) TORCH="$(TORCH)" benchmarks/setup_peers.sh $(MODEL) $(PEER_VENV) $(PEER_MODEL)
 
 # Throughput, agreement, start-up and memory against the peers, whole processes alternating
-# (about an hour on 2 cores at the default 2,400 rows; BENCH_ARGS="--rows 600" for less).
+# (1–2 hours on 2 idle cores at the default 2,400 rows; BENCH_ARGS="--rows 300" for less).
 bench: install model peers
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
 

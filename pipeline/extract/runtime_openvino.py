@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 import warnings
@@ -134,7 +135,7 @@ def output_names(layers: Sequence[int], cls_attention: bool) -> list[str]:
 def export(module: torch.nn.Module, layers: Sequence[int], cls_attention: bool,
            dest: Path) -> None:
     """Convert the float32 torch encoder to an IR in `dest` (model.xml + model.bin)."""
-    import openvino as ov
+    ov = import_openvino()
     from openvino.frontend.pytorch.ts_decoder import TorchScriptPythonDecoder
 
     wrapper = EncoderOutputs(module, layers, cls_attention).eval()
@@ -157,11 +158,33 @@ def export(module: torch.nn.Module, layers: Sequence[int], cls_attention: bool,
     ov.save_model(graph, str(dest / "model.xml"), compress_to_fp16=False)
 
 
+def import_openvino() -> Any:
+    """`import openvino` with its usage telemetry off.
+
+    openvino reports events to Intel when it is imported and on each conversion unless the
+    user opted out in a file in their home (and creates client-id files there); a batch
+    job runs on its own and reports nothing. openvino falls back to its own no-op stub
+    when its telemetry package cannot be imported, so that package is hidden during the
+    first import (nothing else is changed; an openvino the process already imported is
+    used as it is)."""
+    if "openvino" in sys.modules:
+        return sys.modules["openvino"]
+    hide = "openvino_telemetry" not in sys.modules
+    if hide:
+        sys.modules["openvino_telemetry"] = None  # type: ignore[assignment]  # import fails
+    try:
+        import openvino
+    finally:
+        if hide and sys.modules.get("openvino_telemetry", False) is None:
+            del sys.modules["openvino_telemetry"]
+    return openvino
+
+
 @contextlib.contextmanager
 def _telemetry_off() -> Iterator[None]:
-    """openvino's converter sends usage telemetry unless the user opted out in a file in
-    their home; a batch job exporting its model sends nothing (and skips ~1.4 s of
-    network attempts). Swaps in openvino's own no-op stub while converting."""
+    """The converter's telemetry off as well, for an openvino imported before bertpipe's
+    (it sends an event per conversion; off also skips ~1.4 s of network attempts):
+    openvino's own no-op stub stands in while converting."""
     try:
         stub = importlib.import_module("openvino.tools.ovc.telemetry_stub")
         users: list[Any] = [importlib.import_module(f"openvino.tools.ovc.{name}")
@@ -184,8 +207,9 @@ def _telemetry_off() -> Iterator[None]:
 def export_key(weights_sha256: dict[str, str], config: dict[str, Any], layers: Sequence[int],
                cls_attention: bool) -> dict[str, Any]:
     """Everything the exported graph depends on."""
-    import openvino as ov
     import transformers
+
+    ov = import_openvino()
 
     return {"format": EXPORT_FORMAT, "weights_sha256": weights_sha256, "config": config,
             "layers": sorted(layers), "cls_attention": cls_attention,
@@ -245,8 +269,7 @@ class OpenVINOForward:
 
     def __init__(self, entry: Path, layers: Sequence[int], cls_attention: bool,
                  precision: str, threads: int):
-        import openvino as ov
-
+        ov = import_openvino()
         self.entry = entry
         self.layers = tuple(sorted(layers))
         self.cls_attention = cls_attention
