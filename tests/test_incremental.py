@@ -10,6 +10,7 @@ ids stay, flagged `present: false`, or are gone with `prune`.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -39,7 +41,7 @@ from pipeline.run.executors import InProcessExecutor
 from pipeline.run.runner import run_job
 from pipeline.spec import Job, PostSpec
 from pipeline.stores.verify import verify_store
-from tests.conftest import REVIEWS, job_dict, write_job
+from tests.conftest import REPO, REVIEWS, job_dict, write_job
 
 FORMATS = list(pipeline.stores.FORMATS)
 BASE_ROWS, NEW_ROWS, EDITED, DELETED = 400, 150, 20, 10
@@ -759,3 +761,125 @@ def test_carried_columns_with_nulls_and_documents_only(fmt: str, tmp_path: Path,
     store = pipeline.open_store(job.output.path)
     assert np.asarray(store.docs["present"].values).tolist() == [k != 9 for k in got_ids]
     assert np.asarray(store.docs["tag"].values)[5] == "back"
+
+
+# --- integrity, machine-readable output, token views -----------------------------------
+
+def _damage(file: Path, at: int) -> None:
+    data = bytearray(file.read_bytes())
+    data[at] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_verify_after_an_update_and_a_damaged_chunk_of_the_new_version(
+        fmt: str, tmp_path: Path, base_stores: dict[str, Job]) -> None:
+    """An updated store carries the checksums of its new version's files, as a store run
+    from scratch does: `bertpipe verify` passes, and a damaged chunk is named."""
+    job = _base_store(tmp_path, base_stores, fmt)
+    run_job(job, incremental=True)
+    path = Path(job.output.path)
+    result = CliRunner().invoke(main, ["verify", str(path)])
+    assert result.exit_code == 0, result.output
+    assert f"{BASE_ROWS + NEW_ROWS} rows" in result.stdout
+    store = pipeline.open_store(path)
+    recorded = store.provenance.checksums
+    if fmt == "zarr":
+        assert recorded and all(rel.startswith("versions/1/") for rel in recorded)
+        chunk = path / "versions" / "1" / "chunks" / "mean" / "c" / "0" / "0"
+        _damage(chunk, chunk.stat().st_size // 2)
+        problems = verify_store(path)
+        assert problems == ["versions/1/chunks/mean: chunk c/0/0 is damaged (its bytes do not "
+                            "match the recorded checksum)"]
+    else:
+        assert set(recorded) == {"docs/part-0.parquet", "chunks/part-0.parquet"}
+        chunk = path / "chunks" / "part-0.parquet"
+        _damage(chunk, recorded["chunks/part-0.parquet"].size // 2)
+        problems = verify_store(path)
+        assert problems == ["chunks/part-0.parquet is damaged (its bytes do not match the "
+                            "recorded checksum)"]
+    with pytest.raises(StoreError, match="chunks"):
+        pipeline.open_store(path).vectors("mean", "chunks")
+    refused = CliRunner().invoke(main, ["verify", str(path)])
+    assert refused.exit_code == 5 and "damaged" in refused.stderr
+
+
+def _schema(name: str) -> dict[str, Any]:
+    return json.loads((REPO / "schemas" / name).read_text())
+
+
+def test_json_summary_and_inspect_json_report_the_update(tmp_path: Path,
+                                                         tiny_bert: Path) -> None:
+    source = tmp_path / "in.parquet"
+    table = _reviews().slice(0, 30)
+    pq.write_table(pa.concat_tables([table, table.slice(0, 2).set_column(
+        0, "id", pa.array([9001, 9002], table.schema.field("id").type))]), source)
+    job = job_dict(source, tiny_bert, tmp_path / "j.zarr", input={"carry_columns": ["label"]},
+                   chunking={"strategy": "hierarchical", "max_tokens": 48},
+                   execution={"scheduler": "synchronous", "partition_rows": 64})
+    job_file = write_job(tmp_path / "job.yaml", job)
+    out = tmp_path / "summary.json"
+    first = CliRunner().invoke(main, ["extract", str(job_file), "--json-summary", str(out)])
+    assert first.exit_code == 0, first.output
+    full = json.loads(out.read_text())
+    jsonschema.validate(full, _schema("run-summary.schema.json"))
+    assert full["mode"] == "full" and full["version"] == 0
+    assert full["rows_by_outcome"] == {"encoded": 30, "deduplicated": 2, "added": 32,
+                                       "replaced": 0, "skipped": 0, "gone": 0, "pruned": 0}
+    texts = _reviews().slice(0, 40).column("text").to_pylist()
+    texts[4] = "changed"
+    grown = _reviews().slice(0, 40).set_column(1, "text", pa.array(texts))
+    pq.write_table(grown.filter(pa.array([i != 7 for i in range(40)])), source)
+    update = CliRunner().invoke(main, ["extract", str(job_file), "--incremental", "--prune",
+                                       "--json-summary", str(out)])
+    assert update.exit_code == 0, update.output
+    summary = json.loads(out.read_text())
+    jsonschema.validate(summary, _schema("run-summary.schema.json"))
+    assert summary["mode"] == "incremental" and summary["version"] == 1
+    assert summary["rows_by_outcome"] == {"encoded": 11, "deduplicated": 0, "added": 10,
+                                          "replaced": 1, "skipped": 28, "gone": 3,
+                                          "pruned": 3}
+    assert summary["rows"] == 39 and summary["partitions"]["failed"] == 0
+    shown = CliRunner().invoke(main, ["inspect", str(tmp_path / "j.zarr"), "--json"])
+    assert shown.exit_code == 0, shown.output
+    facts = json.loads(shown.stdout)
+    jsonschema.validate(facts, _schema("inspect.schema.json"))
+    assert facts["version"] == 1 and facts["flagged_gone"] == 0 and facts["rows"] == 39
+    assert [(h["kind"], h["encoded"], h["copied"], h["pruned"]) for h in facts["history"]] == \
+        [("full", 30, 2, 0), ("incremental", 11, 0, 3)]
+
+
+def test_token_views_are_refused_up_front(tmp_path: Path, tiny_bert: Path) -> None:
+    source = tmp_path / "in.parquet"
+    pq.write_table(_reviews().slice(0, 5), source)
+    job = job_dict(source, tiny_bert, tmp_path / "t.zarr",
+                   views={"mean": {"pooling": "mean"}, "tok": {"pooling": "tokens"}})
+    job_file = write_job(tmp_path / "job.yaml", job)
+    for args in (["validate", str(job_file), "--set", "output.incremental=true"],
+                 ["extract", str(job_file), "--incremental"]):
+        refused = CliRunner().invoke(main, args)
+        assert refused.exit_code == 2
+        assert refused.stderr.strip().splitlines() == [
+            f"error: {job_file}: output.incremental: views.tok has pooling: tokens, which "
+            "incremental runs do not support; drop the token view or run the job in full "
+            "(--overwrite)"]
+    assert not (tmp_path / "t.zarr").exists()
+
+
+def test_updated_parquet_store_globs_in_duckdb_and_polars(tmp_path: Path,
+                                                          base_stores: dict[str, Job]) -> None:
+    duckdb = pytest.importorskip("duckdb")
+    pl = pytest.importorskip("polars")
+    job = _base_store(tmp_path, base_stores, "parquet")
+    run_job(job, incremental=True, prune=True)
+    store = pipeline.open_store(job.output.path)
+    con = duckdb.connect()
+    for table, rows in (("docs", BASE_ROWS + NEW_ROWS - DELETED),
+                        ("chunks", int(store.chunks.sizes["chunk"]))):
+        glob = str(Path(job.output.path) / table / "*.parquet")
+        assert con.execute(f"select count(*) from '{glob}'").fetchall() == [(rows,)]
+        assert pl.scan_parquet(glob).select(pl.len()).collect().item() == rows
+    glob = str(Path(job.output.path) / "docs" / "*.parquet")
+    ids = [row[0] for row in con.execute(f"select id from '{glob}'").fetchall()]
+    assert ids == np.asarray(store.docs["id"].values).tolist()
+    assert con.execute(f"select count(*) from '{glob}' where not present").fetchall() == [(0,)]
