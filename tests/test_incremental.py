@@ -662,32 +662,38 @@ def test_sigkill_during_update(tmp_path: Path, base_stores: dict[str, Job],
 
 
 @pytest.mark.slow
-def test_update_with_the_real_model(tmp_path: Path, minilm: Path) -> None:
-    """all-MiniLM-L6-v2, full reviews: an update equals a full run over the new table."""
-    reviews = pq.read_table(REVIEWS, columns=["id", "text", "label"])
-    base, added = reviews.slice(0, 120), reviews.slice(120, 40)
-    texts = base.column("text").to_pylist()
-    for i in (5, 50, 95):
-        texts[i] = texts[i] + " Update: the side effects went away."
-    keep = np.ones(len(base), bool)
-    keep[[10, 60]] = False
-    updated = pa.concat_tables([base.set_column(1, "text", pa.array(texts)).filter(keep),
-                                added])
-    source = tmp_path / "reviews.parquet"
-    pq.write_table(base, source)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_update_with_the_real_model(fmt: str, tmp_path: Path, minilm: Path) -> None:
+    """all-MiniLM-L6-v2 on the sample reviews, the issue's scenario: 400 rows, then 150
+    new, 20 edited, 10 deleted: exactly 170 encoded (summary and history), the store equals
+    a full run over the new table by id; a killed update leaves the previous version, the
+    rerun gives the same store; nothing new encodes nothing."""
     sections = {"chunking": {"strategy": "hierarchical", "max_tokens": 128},
                 "execution": {"scheduler": "synchronous", "partition_rows": 64}}
-    job = _job(minilm, source, tmp_path / "store.zarr", "zarr", **sections)
+    source = tmp_path / "reviews.parquet"
+    pq.write_table(_base(), source)
+    job = _job(minilm, source, tmp_path / f"store.{fmt}", fmt, **sections)
     run_job(job)
-    pq.write_table(updated, source)
-    summary = run_job(job, incremental=True, prune=True)
-    assert (summary.encoded, summary.added, summary.replaced, summary.pruned) == (43, 40, 3, 2)
+    before = _snapshot(job.output.path)
+    pq.write_table(_updated(), source)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(job, executor=DiesAfter(1), incremental=True)
+    _assert_snapshot(job.output.path, before)
+    summary = run_job(job, incremental=True)
+    assert (summary.encoded, summary.added, summary.replaced, summary.gone) == \
+        (NEW_ROWS + EDITED, NEW_ROWS, EDITED, DELETED)
+    store = pipeline.open_store(job.output.path)
+    assert store.provenance.history[-1].encoded == NEW_ROWS + EDITED
     full_source = tmp_path / "updated.parquet"
-    pq.write_table(updated, full_source)
-    full = _job(minilm, full_source, tmp_path / "full.zarr", "zarr", **sections)
+    pq.write_table(_updated(), full_source)
+    full = _job(minilm, full_source, tmp_path / f"full.{fmt}", fmt, **sections)
     run_job(full)
-    assert_same_rows(pipeline.open_store(job.output.path),
-                     pipeline.open_store(full.output.path), ["mean", "cls"])
+    assert_same_rows(store, pipeline.open_store(full.output.path), ["mean", "cls"])
+    assert verify_store(job.output.path) == []
+    started = time.perf_counter()
+    again = run_job(job, incremental=True)
+    assert again.already_complete and again.encoded == 0
+    assert time.perf_counter() - started < 30  # start-up time: no model is loaded
 
 
 @pytest.mark.cluster
