@@ -58,9 +58,9 @@ def write_job(name: str, source: Path, fmt: str) -> Path:
 
 
 def extract(job: Path, *flags: str) -> tuple[float, str]:
-    wall, _, output = run_process([str(BIN / "bertpipe"), "extract", str(job), *flags])
-    lines = [ln for ln in output.strip().splitlines() if not ln.startswith("wrote ")]
-    return wall, lines[-1]  # the summary line
+    proc = run_process([str(BIN / "bertpipe"), "--quiet", "extract", str(job), *flags])
+    lines = [ln for ln in proc.output if ln.strip() and not ln.startswith("wrote ")]
+    return proc.wall, lines[-1]  # the summary line
 
 
 def largest_difference(a: Path, b: Path) -> float:
