@@ -27,10 +27,17 @@ def _user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except BertpipeError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {_scrubbed(str(exc))}", err=True)
             sys.exit(exc.exit_code)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _scrubbed(text: str) -> str:
+    """A message without any secret of the storage options or the environment."""
+    from .stores.fs import scrub
+
+    return scrub(text)
 
 
 class OneLineGroup(click.Group):
@@ -69,7 +76,8 @@ Exit codes:
   4  model cannot be loaded or lacks what a view needs (ModelError)
   5  store missing, incomplete, damaged, of another job or newer format (StoreError)
   6  partitions failed; the others are kept for a rerun (PartitionError)
-  7  scheduler unreachable (SchedulerError)"""
+  7  scheduler unreachable (SchedulerError)
+  8  object store unreachable: endpoint refused, unknown or silent (EndpointError)"""
 
 
 @click.group(cls=OneLineGroup, epilog=EXIT_CODES)
@@ -81,6 +89,9 @@ def main(verbose: bool) -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     level = logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    for chatty in ("botocore", "boto3", "aiobotocore", "s3fs", "fsspec", "urllib3"):
+        # their debug lines name access key ids and request signatures: never shown
+        logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
 set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -151,7 +162,7 @@ def _write_summary(file: str, summary: Any, error: BertpipeError | None) -> None
     """The run's JSON summary with its exit code and what that code means."""
     doc = {**summary.to_dict(), "exit_code": error.exit_code if error else 0,
            "meaning": (type(error).__doc__ or "").strip().splitlines()[0] if error else "ok",
-           "error": str(error) if error else None}
+           "error": _scrubbed(str(error)) if error else None}
     try:
         with open(file, "w") as out:
             json.dump(doc, out, indent=1)

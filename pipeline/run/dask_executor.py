@@ -30,6 +30,7 @@ from ..extract.partition import Extractor
 from ..extract.source import Partition
 from ..spec import Job
 from ..stores import Staging
+from ..stores.fs import register_options
 from .executors import Failures, OnDone, failure_reason, run_partition
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ class ExtractorPlugin(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        # the store's options, as the client has them (`${NAME}` read from this worker's env)
+        register_options(self.job.output.path, self.job.output.storage_options)
         self.threads = self.torch_threads or worker.state.nthreads
         # one partition at a time per worker: each uses all of the worker's torch threads
         self.lock = threading.Lock()

@@ -16,6 +16,7 @@ from ..extract.partition import Extractor
 from ..extract.source import Partition
 from ..spec import Job
 from ..stores import Staging
+from ..stores.fs import scrub
 
 # on_done(partition, marker) once per finished partition: progress and bookkeeping.
 OnDone = Callable[[Partition, dict[str, Any]], None]
@@ -59,8 +60,8 @@ def run_partition(extractor: Extractor, staging: Staging, part: Partition,
 def failure_reason(exc: BaseException) -> str:
     """One line for a failed partition, the same whichever executor ran it."""
     if isinstance(exc, BertpipeError):
-        return str(exc)
-    first = (str(exc).strip().splitlines() or [""])[0]
+        return scrub(str(exc))
+    first = scrub((str(exc).strip().splitlines() or [""])[0])
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 

@@ -18,7 +18,7 @@ Columns without nulls keep their type. Both formats read back through `to_numpy`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,10 +91,14 @@ class StoredColumns:
     @classmethod
     def from_parts(cls, files: Sequence[Path]) -> StoredColumns:
         """From the staged parts' footers only (no data read)."""
+        return cls.from_metadata(pq.read_metadata(file) for file in files)
+
+    @classmethod
+    def from_metadata(cls, footers: Iterable[pq.FileMetaData]) -> StoredColumns:
+        """From the footers of the staged parts."""
         schemas: list[pa.Schema] = []
         nulls: dict[str, bool] = {}
-        for file in files:
-            meta = pq.read_metadata(file)
+        for meta in footers:
             schema = meta.schema.to_arrow_schema()
             schemas.append(schema)
             for field in schema:
