@@ -1,0 +1,394 @@
+"""Inputs and stores on an object store: a real S3 endpoint (moto in server mode on
+loopback), spoken to by botocore/s3fs over HTTP as a cloud endpoint is.
+
+What holds on local disk must hold there: parts and markers written straight into the
+store, the lock taken by a conditional create, nothing deleted outside the store's own
+keys, `complete` written last, resume after a killed client, secrets never written, and a
+wrong credential or an unreachable endpoint is one line with its exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner, Result
+
+from pipeline.cli import main
+from pipeline.errors import InputError, StoreError
+from pipeline.stores import fs as storefs
+from tests.conftest import REVIEWS, job_dict, write_job
+from tests.s3server import environment, make_bucket, moto_server, reset
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    with moto_server() as url:
+        yield url
+
+
+@pytest.fixture
+def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An empty `bucket` on the loopback endpoint, found through the AWS variables."""
+    reset(s3_endpoint)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    for key, value in environment(s3_endpoint).items():
+        monkeypatch.setenv(key, value)
+    make_bucket(s3_endpoint, "bucket")
+    return s3_endpoint
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner(env=env).invoke(main, [str(a) for a in args])
+
+
+def one_error_line(result: Result) -> str:
+    lines = result.stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], result.output
+    assert "Traceback" not in result.output
+    return errors[0]
+
+
+def keys(prefix: str) -> list[str]:
+    """Every key under `prefix` (an s3:// URL), relative to it."""
+    return storefs.resolve(prefix).files()
+
+
+# ---- the filesystem layer ---------------------------------------------------------------
+
+
+def test_location_writes_whole_objects_and_removes_only_its_own_keys(s3: str) -> None:
+    store = storefs.resolve("s3://bucket/out/x.zarr/")
+    assert store.url == "s3://bucket/out/x.zarr" and not store.exists()
+    store.child("docs", "mean", "zarr.json").write_json({"a": 1})
+    store.child("docs/mean/c/0/0").write_bytes(b"\x00" * 10)
+    neighbour = storefs.resolve("s3://bucket/out/x.zarr2/keep.txt")  # shares the prefix
+    neighbour.write_bytes(b"mine")
+    storefs.resolve("s3://bucket/out/x.zarr.txt").write_bytes(b"mine too")
+    assert store.is_dir() and [e.name for e in store.entries()] == ["docs"]
+    assert store.files() == ["docs/mean/c/0/0", "docs/mean/zarr.json"]
+    assert json.loads(store.child("docs/mean/zarr.json").read_bytes()) == {"a": 1}
+    assert store.child("docs/mean/c/0/0").read_bytes(2, 5) == b"\x00" * 3
+    store.remove_tree()
+    assert not store.exists()
+    assert keys("s3://bucket/out") == ["x.zarr.txt", "x.zarr2/keep.txt"]
+
+
+def test_conditional_create_has_exactly_one_winner(s3: str) -> None:
+    lock = storefs.resolve("s3://bucket/out/x.zarr/_bertpipe.lock")
+    results: list[bool] = []
+    barrier = threading.Barrier(16)
+
+    def take(i: int) -> None:
+        barrier.wait()
+        results.append(lock.create_exclusive(f"writer {i}".encode()))
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False] * 15 + [True]
+    winner = lock.read_text()
+    assert winner.startswith("writer ") and not lock.create_exclusive(b"late")
+    assert lock.read_text() == winner
+    with pytest.raises(ValueError, match="non-empty"):
+        lock.create_exclusive(b"")  # an empty body may skip the condition
+
+
+def test_store_lock_on_s3_refuses_a_second_writer_and_spares_anothers(s3: str) -> None:
+    from pipeline.stores.lock import StoreLock
+
+    first, second = StoreLock("s3://bucket/o.zarr"), StoreLock("s3://bucket/o.zarr")
+    first.acquire("a" * 64)
+    with pytest.raises(StoreError, match=f"s3://bucket/o.zarr is being written by another run "
+                                         f".*pid {os.getpid()}.*job aaaaaaaaaaaa"):
+        second.acquire("b" * 64)
+    second.release()  # never acquired: must not remove the first's lock
+    assert (first.holder() or {}).get("fingerprint") == "a" * 64
+    first.release()
+    assert first.holder() is None and keys("s3://bucket/o.zarr") == []
+
+
+def test_held_lock_on_s3_is_refreshed(s3: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No mtime to touch on an object store: the holder rewrites its own record."""
+    import time
+
+    from pipeline.stores import lock as lock_module
+
+    monkeypatch.setattr(lock_module, "HEARTBEAT_S", 0.05)
+    held = lock_module.StoreLock("s3://bucket/o.zarr")
+    held.acquire("a" * 64)
+    record = held.holder() or {}
+    stale = {**record, "refreshed_unix": time.time() - 2 * lock_module.STALE_AFTER_S}
+    assert "not refreshed" in (held.stale_reason(stale) or "")
+    deadline = time.monotonic() + 20
+    while (held.holder() or {}).get("refreshed_unix", 0) <= record["refreshed_unix"]:
+        assert time.monotonic() < deadline, "the holder did not refresh its lock"
+        time.sleep(0.05)
+    assert held.stale_reason(held.holder() or {}) is None
+    assert (held.holder() or {}).get("token") == record["token"]
+    held.release()
+    assert held.holder() is None
+
+
+def test_staging_on_s3_writes_parts_then_markers(s3: str) -> None:
+    from pipeline.stores.staging import Staging
+
+    staging = Staging("s3://bucket/o.zarr")
+    staging.begin({"run_fingerprint": "f"})
+    table = pa.table({"row": [0, 1], "x": [1.5, 2.5]})
+    staging.write_part(0, {"docs": table, "chunks": None}, {"fingerprint": "f"})
+    staging.write_part(1, {"docs": table}, {"fingerprint": "other job"})
+    assert sorted(staging.done("f")) == [0]
+    assert next(iter(staging.read_parts("docs", [0]))).equals(table)
+    # a part altered after its marker was written is not reused
+    staging.part(0, "docs").write_bytes(b"PAR1 damaged PAR1")
+    assert staging.done("f") == {}
+    assert staging.run_info() == {"run_fingerprint": "f"}
+    staging.remove()
+    assert keys("s3://bucket/o.zarr") == []
+
+
+# ---- the input: a prefix of Parquet files, planned from footers --------------------------
+
+
+def upload(local: Path, url: str) -> None:
+    storefs.resolve(url).write_bytes(local.read_bytes())
+
+
+@pytest.fixture
+def reviews_on_s3(s3: str, tmp_path: Path) -> tuple[str, Path]:
+    """The first 96 sample reviews as three files under s3://bucket/in/ (and locally)."""
+    table = pq.read_table(REVIEWS).slice(0, 96)
+    local = tmp_path / "in"
+    local.mkdir()
+    for i, start in enumerate((0, 40, 72)):
+        stop = (40, 72, 96)[i]
+        pq.write_table(table.slice(start, stop - start), local / f"part-{i}.parquet",
+                       row_group_size=16)
+        upload(local / f"part-{i}.parquet", f"s3://bucket/in/part-{i}.parquet")
+    storefs.resolve("s3://bucket/in/README.txt").write_bytes(b"not parquet")
+    return "s3://bucket/in", local
+
+
+def test_input_prefix_is_listed_and_planned_like_the_local_folder(
+        reviews_on_s3: tuple[str, Path]) -> None:
+    from pipeline.extract.source import (
+        input_identity,
+        list_files,
+        plan_partitions,
+        read_partition,
+    )
+    from pipeline.spec import InputSpec
+
+    url, local = reviews_on_s3
+    assert list_files(url) == [f"{url}/part-{i}.parquet" for i in range(3)]
+    assert list_files(url + "/part-[12].parquet") == [f"{url}/part-{i}.parquet" for i in (1, 2)]
+    remote = InputSpec(url, "text", "id", ("label",))
+    here = InputSpec(str(local), "text", "id", ("label",))
+    plan, local_plan = plan_partitions(remote, 24), plan_partitions(here, 24)
+    assert [(p.row_start, p.row_stop, p.file_offset, p.footer_sha256) for p in plan] == \
+        [(p.row_start, p.row_stop, p.file_offset, p.footer_sha256) for p in local_plan]
+    assert [i.footer_sha256 for i in input_identity(remote)] == \
+        [i.footer_sha256 for i in input_identity(here)]
+    for part, twin in zip(plan, local_plan, strict=True):
+        got, want = read_partition(remote, part), read_partition(here, twin)
+        assert got.texts == want.texts and got.ids.equals(want.ids)
+        assert got.carry["label"].equals(want.carry["label"])
+
+
+def test_planning_reads_footers_only(s3: str, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 3 MB file is planned from its footer: a few KiB fetched, never the data pages;
+    a partition then fetches its own row groups, not the file."""
+    import s3fs.core
+
+    from pipeline.extract.source import plan_partitions, read_partition
+    from pipeline.spec import InputSpec
+
+    rng = np.random.default_rng(0)
+    texts = ["".join(rng.choice(list("abcdefgh "), 300)) for _ in range(10_000)]
+    local = tmp_path / "big.parquet"
+    pq.write_table(pa.table({"text": texts}), local, row_group_size=1000, compression="none")
+    upload(local, "s3://bucket/big.parquet")
+    size = local.stat().st_size
+    fetched: list[int] = []
+    original_file, original_cat = s3fs.core.S3File._fetch_range, s3fs.core.S3FileSystem._cat_file
+
+    def counted_range(self: Any, start: int, end: int) -> bytes:
+        fetched.append(end - start)
+        return original_file(self, start, end)  # type: ignore[no-any-return]
+
+    async def counted_cat(self: Any, path: str, *args: Any, **kwargs: Any) -> bytes:
+        data = await original_cat(self, path, *args, **kwargs)
+        fetched.append(len(data))
+        return data  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", counted_range)
+    monkeypatch.setattr(s3fs.core.S3FileSystem, "_cat_file", counted_cat)
+    spec = InputSpec("s3://bucket/big.parquet", "text")
+    parts = plan_partitions(spec, 1000)
+    assert len(parts) == 10 and size > 3_000_000
+    assert 0 < sum(fetched) < 200_000, (sum(fetched), size)
+    fetched.clear()
+    assert read_partition(spec, parts[3]).texts == texts[3000:4000]
+    assert sum(fetched) < size / 5, (sum(fetched), size)
+
+
+# ---- where a store may go ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("output", "why"), [
+    ("s3://bucket/in", "is the input folder"),
+    ("s3://bucket", "contains the input folder"),
+    ("s3a://bucket/in/out.zarr", "inside the input folder"),
+    ("s3://bucket/in/part-0.parquet", "is the input file"),
+])
+def test_store_may_not_be_hold_or_feed_the_input(
+        reviews_on_s3: tuple[str, Path], tiny_bert: Path, tmp_path: Path,
+        output: str, why: str) -> None:
+    url, _ = reviews_on_s3
+    job = write_job(tmp_path / "job.yaml", job_dict(url, tiny_bert, output))
+    result = run("extract", job)
+    assert result.exit_code == 5 and why in one_error_line(result)
+    assert keys("s3://bucket") == ["in/README.txt"] + [f"in/part-{i}.parquet" for i in range(3)]
+
+
+def test_store_may_not_be_matched_by_the_input_glob(
+        reviews_on_s3: tuple[str, Path], tiny_bert: Path, tmp_path: Path) -> None:
+    job = write_job(tmp_path / "job.yaml",
+                    job_dict("s3://bucket/*/part-*.parquet", tiny_bert,
+                             "s3://bucket/x/part-9.parquet"))
+    result = run("extract", job)
+    assert result.exit_code == 5 and "matched by the input pattern" in one_error_line(result)
+
+
+# ---- secrets -----------------------------------------------------------------------------
+
+
+def test_storage_options_are_recorded_without_secrets(tmp_path: Path, tiny_bert: Path) -> None:
+    from pipeline.spec import Job
+
+    options = {"key": "AKIAPLAINTEXTKEY", "secret": "${MY_SECRET}", "use_ssl": False,
+               "client_kwargs": {"endpoint_url": "http://minio:9000", "region_name": "x"},
+               "config_kwargs": {"connect_timeout": 3}}
+    job = Job.from_dict(job_dict(tmp_path / "in.parquet", tiny_bert, "s3://b/o.zarr",
+                                 output={"storage_options": options}))
+    recorded = job.to_dict()["output"]["storage_options"]
+    assert recorded == {"key": "***", "secret": "${MY_SECRET}", "use_ssl": False,
+                        "client_kwargs": {"endpoint_url": "***", "region_name": "***"},
+                        "config_kwargs": {"connect_timeout": 3}}
+    same = Job.from_dict(job_dict(tmp_path / "in.parquet", tiny_bert, "s3://b/o.zarr"))
+    assert job.fingerprint() == same.fingerprint()  # how a store is reached is not its content
+
+
+def test_missing_environment_reference_names_the_key(
+        s3: str, reviews_on_s3: tuple[str, Path], tiny_bert: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BERTPIPE_TEST_UNSET", raising=False)
+    url, _ = reviews_on_s3
+    job = write_job(tmp_path / "job.yaml", job_dict(
+        url, tiny_bert, "s3://bucket/o.zarr",
+        input={"storage_options": {"secret": "${BERTPIPE_TEST_UNSET}"}}))
+    result = run("extract", job)
+    assert result.exit_code == 2
+    assert "input.storage_options.secret: environment variable BERTPIPE_TEST_UNSET is not " \
+        "set" in one_error_line(result)
+
+
+# ---- wrong credentials, unreachable endpoints --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def auth_endpoint() -> Iterator[tuple[str, str, str]]:
+    """A second server that checks signatures (IAM on): its URL and a valid key pair."""
+    from tests.s3server import iam_credentials
+
+    with moto_server(env={"INITIAL_NO_AUTH_ACTION_COUNT": "3"}) as url:
+        key, secret = iam_credentials(url)
+        yield url, key, secret
+
+
+def test_wrong_credential_is_one_line_and_nothing_is_written(
+        auth_endpoint: tuple[str, str, str], tiny_bert: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    url, key, secret = auth_endpoint
+    for name, value in {**environment(url), "AWS_ACCESS_KEY_ID": key,
+                        "AWS_SECRET_ACCESS_KEY": secret}.items():
+        monkeypatch.setenv(name, value)
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1")
+    s3.create_bucket(Bucket="auth")
+    local = tmp_path / "in.parquet"
+    pq.write_table(pq.read_table(REVIEWS).slice(0, 8), local)
+    s3.put_object(Bucket="auth", Key="in/reviews.parquet", Body=local.read_bytes())
+    wrong = "wrong-secret-0123456789abcdef"
+    # the input readable, the store's credential wrong: exit 5, before anything is made
+    job = write_job(tmp_path / "job.yaml", job_dict(
+        "s3://auth/in", tiny_bert, "s3://auth/out.zarr",
+        output={"storage_options": {"key": "${AWS_ACCESS_KEY_ID}", "secret": wrong}}))
+    result = run("extract", job)
+    line = one_error_line(result)
+    assert result.exit_code == 5 and "output.path: s3://auth/out.zarr: access denied" in line
+    assert wrong not in result.output and secret not in result.output
+    listed = s3.list_objects_v2(Bucket="auth").get("Contents", [])
+    assert [o["Key"] for o in listed] == ["in/reviews.parquet"]
+    # the input's credential wrong: exit 3
+    job = write_job(tmp_path / "job.yaml", job_dict(
+        "s3://auth/in", tiny_bert, "s3://auth/out.zarr",
+        input={"storage_options": {"key": "${AWS_ACCESS_KEY_ID}", "secret": wrong}}))
+    result = run("extract", job)
+    line = one_error_line(result)
+    assert result.exit_code == 3 and "input.path: s3://auth/in: access denied" in line
+    assert wrong not in result.output
+
+
+def test_unreachable_endpoint_is_one_line_exit_8(tmp_path: Path, tiny_bert: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from tests.s3server import free_port
+
+    local = tmp_path / "in.parquet"
+    pq.write_table(pq.read_table(REVIEWS).slice(0, 8), local)
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    for name, value in environment(dead).items():
+        monkeypatch.setenv(name, value)
+    job = write_job(tmp_path / "job.yaml", job_dict(local, tiny_bert, "s3://bucket/out.zarr"))
+    started = time.monotonic()
+    result = run("extract", job)
+    line = one_error_line(result)
+    assert result.exit_code == 8, result.output
+    assert "output.path: cannot reach the store at s3://bucket/out.zarr" in line
+    assert time.monotonic() - started < 30
+    job = write_job(tmp_path / "job.yaml", job_dict("s3://bucket/in", tiny_bert,
+                                                    tmp_path / "o.zarr"))
+    result = run("extract", job)
+    assert result.exit_code == 8 and "input.path: cannot reach" in one_error_line(result)
+    assert not (tmp_path / "o.zarr").exists()
+
+
+def test_errors_are_scrubbed_of_known_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret-abcdef")
+    storefs.remember_secrets({"secret": "job-secret-123456", "token": "${SOME_VAR}"})
+    text = "failed with env-secret-abcdef and job-secret-123456 at ${SOME_VAR}"
+    assert storefs.scrub(text) == "failed with *** and *** at ${SOME_VAR}"
+
+
+def test_input_errors_keep_their_class(s3: str) -> None:
+    from pipeline.extract.source import list_files
+
+    with pytest.raises(InputError, match="s3://bucket/nothing does not exist"):
+        list_files("s3://bucket/nothing")
+    with pytest.raises(InputError, match="no Parquet files match"):
+        list_files("s3://bucket/*.parquet")
