@@ -113,12 +113,12 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
     "flipped chunk byte": lambda s: _flip(_zarr_chunk(s), _zarr_chunk(s).stat().st_size // 2),
     "deleted array": lambda s: shutil.rmtree(s / "docs" / "mean"),
     "newer format_version": _newer_format,
-    "missing docs.parquet": lambda s: (s / "docs.parquet").unlink(),
-    "truncated docs.parquet": lambda s: _truncate(s / "docs.parquet"),
-    "truncated chunks.parquet": lambda s: _truncate(s / "chunks.parquet"),
-    "missing chunks.parquet": lambda s: (s / "chunks.parquet").unlink(),
-    "flipped docs.parquet byte": lambda s: _flip(s / "docs.parquet",
-                                                 _parquet_page(s / "docs.parquet", "mean")),
+    "missing docs/part-0.parquet": lambda s: (s / "docs/part-0.parquet").unlink(),
+    "truncated docs/part-0.parquet": lambda s: _truncate(s / "docs/part-0.parquet"),
+    "truncated chunks/part-0.parquet": lambda s: _truncate(s / "chunks/part-0.parquet"),
+    "missing chunks/part-0.parquet": lambda s: (s / "chunks/part-0.parquet").unlink(),
+    "flipped docs/part-0.parquet byte": lambda s: _flip(s / "docs/part-0.parquet",
+                                                 _parquet_page(s / "docs/part-0.parquet", "mean")),
 }
 
 # ---------------------------------------------------------------- commands
@@ -221,22 +221,22 @@ TABLE: list[Case] = [
         "rerun": (5, "fails verification: docs/mean: the array is missing")}),
     *_row("zarr", "newer format_version", {**_all(5, NEWER), "rerun": (5, NEWER)}),
     # Parquet: a file gone, cut short, or a byte of the mean column's data flipped
-    *_row("parquet", "missing docs.parquet", _all(5, "docs.parquet is missing")),
-    *_row("parquet", "truncated docs.parquet", {
-        **_all(5, "docs.parquet: damaged Parquet file"),
-        "rerun": (5, "docs.parquet: damaged Parquet file")}),
-    *_row("parquet", "truncated chunks.parquet", {
-        **_all(5, "chunks.parquet is damaged"),
-        "rerun": (5, "fails verification: chunks.parquet is damaged")}),
-    *_row("parquet", "missing chunks.parquet", _all(5, "chunks.parquet is missing")),
-    *_row("parquet", "flipped docs.parquet byte", {
-        "verify": (5, "docs.parquet is damaged (its bytes do not match"),
+    *_row("parquet", "missing docs/part-0.parquet", _all(5, "docs/part-0.parquet is missing")),
+    *_row("parquet", "truncated docs/part-0.parquet", {
+        **_all(5, "docs/part-0.parquet: damaged Parquet file"),
+        "rerun": (5, "docs/part-0.parquet: damaged Parquet file")}),
+    *_row("parquet", "truncated chunks/part-0.parquet", {
+        **_all(5, "chunks/part-0.parquet is damaged"),
+        "rerun": (5, "fails verification: chunks/part-0.parquet is damaged")}),
+    *_row("parquet", "missing chunks/part-0.parquet", _all(5, "chunks/part-0.parquet is missing")),
+    *_row("parquet", "flipped docs/part-0.parquet byte", {
+        "verify": (5, "docs/part-0.parquet is damaged (its bytes do not match"),
         "inspect": (0, "coverage"),  # reads no vector column: nothing to notice
-        "inspect --geometry": (5, "docs.parquet: column mean, row group 0: damaged"),
-        "search --exact": (5, "docs.parquet: column mean, row group 0: damaged"),
-        "vectors()": (5, "docs.parquet: column mean, row group 0: damaged"),
-        "postprocess": (5, "fails verification, left unchanged: docs.parquet is damaged"),
-        "rerun": (5, "complete but fails verification: docs.parquet is damaged")}),
+        "inspect --geometry": (5, "docs/part-0.parquet: column mean, row group 0: damaged"),
+        "search --exact": (5, "docs/part-0.parquet: column mean, row group 0: damaged"),
+        "vectors()": (5, "docs/part-0.parquet: column mean, row group 0: damaged"),
+        "postprocess": (5, "fails verification, left unchanged: docs/part-0.parquet is damaged"),
+        "rerun": (5, "complete but fails verification: docs/part-0.parquet is damaged")}),
     *_row("parquet", "newer format_version", {**_all(5, NEWER), "rerun": (5, NEWER)}),
 ]
 
@@ -292,9 +292,9 @@ def test_checksums_cover_every_data_file(store: Path) -> None:
     if data.format == "zarr":  # every file but the root zarr.json (it holds the provenance)
         files = {f.relative_to(store).as_posix() for f in store.rglob("*") if f.is_file()}
         assert set(sums) == files - {"zarr.json"}
-        assert {"docs/mean/c/0/0", "ids/zarr.json", "chunks/cls/c/0/0"} <= set(sums)
+        assert {"docs/mean/c/0/0", "docs/id/zarr.json", "chunks/cls/c/0/0"} <= set(sums)
     else:
-        assert set(sums) == {"docs.parquet", "chunks.parquet"}
+        assert set(sums) == {"docs/part-0.parquet", "chunks/part-0.parquet"}
     for rel, recorded in sums.items():
         raw = (store / rel).read_bytes()
         if rel.endswith(".parquet"):  # up to the footer: 4-byte length, then magic, at the end
@@ -316,17 +316,17 @@ def test_postprocess_records_its_files_and_still_verifies(store: Path) -> None:
                 "post/mean_center/mean/c/0"} <= set(after) - set(before)
     else:  # the rewritten files, and the fitted parameters
         assert set(after) == set(before) | {"post/mean_center.npz"}
-        assert after["docs.parquet"] != before["docs.parquet"]
+        assert after["docs/part-0.parquet"] != before["docs/part-0.parquet"]
     code, output = run_command("verify", store, isolated=False)
     assert code == 0 and "3 views" in output, output
 
 
 @pytest.mark.parametrize("store", ["parquet"], indirect=True)
 def test_parquet_provenance_update_rewrites_only_the_footer(store: Path) -> None:
-    file = store / "docs.parquet"
+    file = store / "docs/part-0.parquet"
     fmt = format_named("parquet")
     raw = fmt.read_provenance(str(store)) or {}
-    data_before = file.read_bytes()[: raw["checksums"]["docs.parquet"]["size"]]
+    data_before = file.read_bytes()[: raw["checksums"]["docs/part-0.parquet"]["size"]]
     table_before = pq.read_table(file)
     fmt.update_provenance(str(store), {**raw, "created": "2030-01-01T00:00:00+00:00"})
     assert file.read_bytes()[: len(data_before)] == data_before
@@ -389,7 +389,7 @@ def test_verify_checks_rows_against_the_provenance(store: Path) -> None:
     fmt.update_provenance(str(store), {**raw, "stats": {**raw["stats"], "rows": 11}})
     code, output = run_command("verify", store, isolated=False)
     assert code == 5, output
-    name = "docs/mean" if store.suffix == ".zarr" else "docs.parquet"
+    name = "docs/mean" if store.suffix == ".zarr" else "docs/part-0.parquet"
     assert f"{name} has 10 rows where the provenance says 11" in output
 
 

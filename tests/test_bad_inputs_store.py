@@ -415,7 +415,7 @@ def test_empty_folder_is_used_and_lock_released_on_success_error_and_interrupt(
     assert not (out / LOCK_NAME).exists()
     assert run("extract", job).exit_code == 0
     assert not (out / LOCK_NAME).exists()
-    assert sorted(p.name for p in out.iterdir()) == ["chunks", "docs", "ids", "zarr.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["chunks", "docs", "zarr.json"]
 
 
 def test_stale_lock_cleared_by_the_named_command(tmp_path: Path, tiny_bert: Path,

@@ -118,7 +118,7 @@ def test_zarr_nulls_read_as_missing_with_plain_xarray(runs: dict[str, Path]) -> 
 
 
 def test_parquet_keeps_arrow_nulls(runs: dict[str, Path]) -> None:
-    table = pq.read_table(runs["parquet"] / "docs.parquet")
+    table = pq.read_table(runs["parquet"] / "docs/part-0.parquet")
     assert table.column("s").null_count == 2 and table.column("i").null_count == 1
     assert table.schema.field("i").type == pa.int64()  # int32 + int64 files, nulls kept
     assert table.schema.field("blank").type == pa.string()

@@ -77,15 +77,14 @@ def test_zarr_reads_with_plain_xarray(tmp_path: Path, tiny_bert: Path, small_tex
     assert ds["mean"].dims == ("doc", "mean_dim")
     np.testing.assert_array_equal(ds["mean"].values,
                                   pipeline.open_store(job.output.path).vectors("mean"))
-    ids = xr.open_zarr(job.output.path)["ids"].values
-    assert list(ids) == [f"r{i}" for i in range(10)]
+    assert list(ds["id"].values) == [f"r{i}" for i in range(10)] and "id" in ds.coords
 
 
 def test_parquet_reads_with_pandas_and_pyarrow(tmp_path: Path, tiny_bert: Path,
                                                small_texts: Path) -> None:
     job = _job(tmp_path, tiny_bert, small_texts, "parquet")
     run_job(job)
-    docs = Path(job.output.path) / "docs.parquet"
+    docs = Path(job.output.path) / "docs/part-0.parquet"
     df = pd.read_parquet(docs)
     assert list(df.columns[:6]) == ["id", "n_tokens", "n_chunks", "truncated", "status", "label"]
     assert len(df["mean"].iloc[0]) == 32

@@ -25,10 +25,10 @@ def detect_format(path: str) -> StoreFormat:
     for fmt in FORMATS.values():
         if fmt.is_store(path):
             return fmt
-    if (Path(path) / "chunks.parquet").exists():
-        raise StoreError(f"{path}: docs.parquet is missing (chunks.parquet is there): a "
+    if (Path(path) / "chunks").is_dir():
+        raise StoreError(f"{path}: docs/part-0.parquet is missing (chunks/ is there): a "
                          "damaged Parquet store")
-    raise StoreError(f"{path}: not a bertpipe store (no zarr.json or docs.parquet)")
+    raise StoreError(f"{path}: not a bertpipe store (no zarr.json or docs/part-0.parquet)")
 
 
 __all__ = ["FORMATS", "Layout", "Staging", "StoreFormat", "detect_format", "format_named"]

@@ -112,6 +112,29 @@ class StoredColumns:
             raise StoreError(f"the partitions disagree on a column's type: {exc}") from None
         return cls(unified, nulls)
 
+    def string_widths(self, files: Sequence[Path]) -> dict[str, int]:
+        """Longest value (in characters, at least 1) of each string column over all parts:
+        Zarr stores strings at a fixed width, which NumPy, pandas and scikit-learn take as
+        they come (Zarr's variable-length strings read as NumPy's StringDType, which
+        scikit-learn refuses)."""
+        import pyarrow.compute as pc
+
+        names = [f.name for f in self.schema
+                 if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+        widths = dict.fromkeys(names, len(MISSING_STRING))
+        for file in files:
+            present = [n for n in names if n in pq.read_schema(file).names]
+            if not present:
+                continue
+            table = pq.read_table(file, columns=present)
+            for name in present:
+                column = table.column(name)
+                if pa.types.is_null(column.type):  # an all-null part: nothing to measure
+                    continue
+                longest = pc.max(pc.utf8_length(column)).as_py()
+                widths[name] = max(widths[name], int(longest or 0))
+        return widths
+
     def conform(self, table: pa.Table) -> pa.Table:
         """`table` with every column cast to its unified type."""
         columns = []

@@ -1,7 +1,7 @@
 """What in an output folder is bertpipe's, so that replacing a store removes only that.
 
 A folder (or an object-store prefix) is a bertpipe store, complete or not, when its
-`zarr.json` carries a `bertpipe` attribute, its `docs.parquet` carries `bertpipe`
+`zarr.json` carries a `bertpipe` attribute, its `docs/part-0.parquet` carries `bertpipe`
 metadata, or it holds the staging area `_bertpipe/run.json` of a run. Its own entries are
 the format's files and folders; any other entry is the user's and is never removed (on an
 object store: no key outside `<store>/<own entry>/` is ever deleted).
@@ -25,7 +25,7 @@ from .staging import STAGING_DIR
 
 OWN_ENTRIES = {
     "zarr": {"zarr.json", "ids", "docs", "chunks", "post", "index", STAGING_DIR},
-    "parquet": {"docs.parquet", "chunks.parquet", "post", "index", STAGING_DIR},
+    "parquet": {"docs", "chunks", "post", "index", STAGING_DIR},
 }
 # files a run leaves while it writes: parquet parts before their rename, lock temporaries
 TEMPORARY = re.compile(r"^\.(docs|chunks)\.parquet\.[0-9a-f]{32}$")
@@ -98,7 +98,7 @@ def store_format(root: str | Path | Location) -> str | None:
     root = root if isinstance(root, Location) else resolve(root)
     if _zarr_is_ours(root.child("zarr.json")):
         return "zarr"
-    if _parquet_is_ours(root.child("docs.parquet")):
+    if _parquet_is_ours(root.child("docs", "part-0.parquet")):
         return "parquet"
     run = _read_json(root.child(STAGING_DIR, "run.json"))
     if run and run.get("run_fingerprint"):

@@ -1,14 +1,16 @@
-"""Parquet store: a directory with `docs.parquet` and `chunks.parquet`.
+"""Parquet store: a directory with one folder per table, `docs/` and `chunks/`.
 
-Views are `fixed_size_list<float, D>` columns (zstd, byte-stream-split, no dictionary);
-the provenance JSON sits in `docs.parquet`'s file metadata under `bertpipe`. The
-commit writes `chunks.parquet` first and `docs.parquet` last, each to a temporary name
-renamed into place, so a store with a `docs.parquet` is a complete store.
+Each folder is a dataset on its own (`docs/part-0.parquet`), so `store/docs/*.parquet`
+is what DuckDB, polars, pandas and `pyarrow.dataset` read, with one schema. Views are
+`fixed_size_list<float32, D>` columns (DuckDB `FLOAT[D]`, polars `Array`; zstd,
+byte-stream-split, no dictionary); the provenance JSON sits in the docs file's metadata
+under `bertpipe`. The commit writes the chunks file first and the docs file last, each to
+a temporary name renamed into place, so a store with a docs file is a complete store.
 
 Integrity: every data page carries a CRC that reads verify, so altered bytes are an
 error naming the file and column; a complete store's provenance records the checksum of
 each file's column data (the bytes before the footer). Changing the provenance rewrites
-only the footer of `docs.parquet`, never its column data.
+only the footer of the docs file, never its column data.
 """
 
 from __future__ import annotations
@@ -37,12 +39,21 @@ from .staging import Staging
 
 ROW_GROUP_ROWS = 32768
 METADATA_KEY = b"bertpipe"
-LEVEL_FILES = ("docs.parquet", "chunks.parquet")
+PART = "part-0.parquet"  # one file per table today; readers glob the folder
+DOCS_FILE = f"docs/{PART}"
+LEVEL_FILES = (DOCS_FILE, f"chunks/{PART}")
+# Stores written before tables had folders: refused on open, with what to do.
+OLD_LAYOUT = "docs.parquet"
 # What pyarrow raises for a damaged file: a bad footer, a page CRC mismatch, a short read.
 READ_ERRORS = (OSError, pa.ArrowException)
 
 
+def level_file(root: Path, level: str) -> Path:
+    return root / level / PART
+
+
 def _write(file: Path, parts: Iterator[pa.Table], provenance: dict[str, Any] | None) -> None:
+    file.parent.mkdir(parents=True, exist_ok=True)
     tmp = file.with_name(f".{file.name}.{uuid.uuid4().hex}")
     writer: pq.ParquetWriter | None = None
     pending: list[pa.Table] = []
@@ -192,10 +203,14 @@ class ParquetFormat:
         Path(path).mkdir(parents=True, exist_ok=True)
 
     def is_store(self, path: str) -> bool:
-        return (Path(path) / "docs.parquet").exists()
+        root = Path(path)
+        if (root / OLD_LAYOUT).is_file() and not (root / DOCS_FILE).exists():
+            raise StoreError(f"{path}: a Parquet store in the layout before tables had folders "
+                             "(docs.parquet); rerun its job with --overwrite to rewrite it")
+        return (root / DOCS_FILE).exists()
 
     def read_provenance(self, path: str) -> dict[str, Any] | None:
-        file = Path(path) / "docs.parquet"
+        file = Path(path) / DOCS_FILE
         return _metadata(file) if file.exists() else None
 
     def data_files(self, path: str) -> list[str]:
@@ -219,22 +234,22 @@ class ParquetFormat:
 
     def row_counts(self, path: str) -> dict[str, tuple[str, int]]:
         root = Path(path)
-        return {name: (name.removesuffix(".parquet"), _open(root / name).metadata.num_rows)
+        return {name: (name.split("/")[0], _open(root / name).metadata.num_rows)
                 for name in LEVEL_FILES if (root / name).is_file()}
 
     def commit(self, path: str, staging: Staging, layout: Layout,
                provenance: dict[str, Any]) -> None:
         root = Path(path)
         if layout.has_chunks:
-            _write(root / "chunks.parquet", _conformed(staging, "chunks", layout), None)
+            _write(level_file(root, "chunks"), _conformed(staging, "chunks", layout), None)
         docs = (t.drop_columns(["row"]) for t in _conformed(staging, "docs", layout))
-        _write(root / "docs.parquet", docs, provenance)
+        _write(level_file(root, "docs"), docs, provenance)
 
     def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
         root = Path(path)
-        docs = _dataset(root / "docs.parquet", "doc")
+        docs = _dataset(level_file(root, "docs"), "doc")
         docs = docs.set_coords("id")
-        chunks_file = root / "chunks.parquet"
+        chunks_file = level_file(root, "chunks")
         chunks = _dataset(chunks_file, "chunk") if chunks_file.exists() else None
         return docs, chunks
 
@@ -242,10 +257,11 @@ class ParquetFormat:
                  levels: Sequence[str]) -> None:
         """Rewrite each level's file with column `name` = fn(`source`), row group by row group.
 
-        `docs.parquet` is rewritten last by `update_provenance`, which also records the view.
+        The docs file's footer is rewritten last by `update_provenance`, which also records
+        the view.
         """
         for level in levels:
-            file = Path(path) / f"{level}.parquet"
+            file = level_file(Path(path), level)
             _write(file, _with_column(file, source, name, fn), _metadata(file))
 
     def write_params(self, path: str, name: str, params: dict[str, np.ndarray]) -> None:
@@ -264,4 +280,4 @@ class ParquetFormat:
         if is_complete(provenance):
             provenance = sealed(provenance, {rel: sum_ for rel in self.data_files(path)
                                              if (sum_ := self.file_sum(path, rel))})
-        _replace_footer(Path(path) / "docs.parquet", provenance)
+        _replace_footer(Path(path) / DOCS_FILE, provenance)

@@ -44,7 +44,9 @@ CODEC_ERRORS = (RuntimeError, ValueError, OSError)
 
 
 def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int,
-                 columns: StoredColumns) -> None:
+                 columns: StoredColumns, widths: dict[str, int]) -> None:
+    """Every column of a level's parts as one array of the level's group, in row order.
+    The ids go to `docs/id`, a coordinate of every docs array (see `_describe`)."""
     dim = "doc" if level == "docs" else "chunk"
     group = root.require_group(level)
     arrays: dict[str, zarr.Array] = {}
@@ -55,9 +57,10 @@ def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int
             if name == "row":
                 continue
             values = _numpy(columns, name, table.column(name))
+            if name in widths:
+                values = values.astype(f"<U{widths[name]}")
             if name not in arrays:
-                target = root if name == "id" else group
-                arrays[name] = _create(target, "ids" if name == "id" else name, values, n, dim)
+                arrays[name] = _create(group, name, values, n, dim)
                 if attributes := columns.zarr_attributes(name):
                     arrays[name].update_attributes(attributes)
             arrays[name][offset : offset + table.num_rows] = values
@@ -67,7 +70,7 @@ def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int
 def _create(group: zarr.Group, name: str, sample: np.ndarray, n: int, dim: str) -> zarr.Array:
     shape = (n, *sample.shape[1:])
     dims = (dim,) if sample.ndim == 1 else (dim, f"{name}_dim")
-    dtype: Any = str if sample.dtype.kind in "OUT" else sample.dtype
+    dtype: Any = str if sample.dtype.kind in "OT" else sample.dtype
     # why NaN: a chunk that is missing must never read as zero vectors
     fill = np.nan if sample.dtype.kind == "f" else None
     return group.create_array(
@@ -99,6 +102,37 @@ def _lazy(array: Any, label: str) -> da.Array:
         return data
     missing = array.attrs.get(MISSING_ATTRIBUTE)
     return data.map_blocks(strings_as_objects, missing=missing, dtype=object)
+
+
+def _describe(root: Any, provenance: dict[str, Any]) -> None:
+    """Attributes that make each group readable on its own (`xr.open_zarr(p, group="docs")`):
+    `id` as the coordinate of every docs array (CF `coordinates`), and on each view what it
+    is (layers, combine, pooling, model, dtype; a post-processed view's method and source)."""
+    job, model = provenance.get("job", {}), provenance.get("model", {})
+    views, post = job.get("views", {}), provenance.get("post", {})
+    common = {"model": model.get("path"), "model_type": model.get("config", {}).get(
+        "model_type"), "dtype": job.get("output", {}).get("dtype")}
+    for level in ("docs", "chunks"):
+        if level not in root:
+            continue
+        group = root[level]
+        group.update_attributes({"description": LEVEL_TEXT[level], **common})
+        for name, array in group.arrays():
+            attrs: dict[str, Any] = {}
+            if level == "docs" and name != "id":
+                attrs["coordinates"] = "id"
+            if name in views:
+                attrs.update(kind="view", **{k: v for k, v in views[name].items()
+                                             if k != "post"})
+            elif name in post:
+                attrs.update(kind="post-processed view", **post[name])
+            if attrs:
+                array.update_attributes(attrs)
+
+
+LEVEL_TEXT = {"docs": "one row per input row (dimension doc, coordinate id); a variable per "
+                      "view and per carried column; bertpipe provenance at the store's root",
+              "chunks": "one row per chunk (dimension chunk); doc is the document's row"}
 
 
 class _Guarded:
@@ -155,15 +189,18 @@ class ZarrFormat:
             for level, n in (("docs", layout.n_docs), ("chunks", layout.n_chunks)):
                 if level == "chunks" and not layout.has_chunks:
                     continue
-                columns = StoredColumns.from_parts(
-                    [staging.part_path(i, level) for i in layout.indices])
-                _write_level(root, level, staging.read_parts(level, layout.indices), n, columns)
+                files = [staging.part_path(i, level) for i in layout.indices]
+                columns = StoredColumns.from_parts(files)
+                _write_level(root, level, staging.read_parts(level, layout.indices), n, columns,
+                             columns.string_widths(files))
         self.update_provenance(path, provenance)
 
     def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
         root = _verified_group(path)
-        ids = _lazy(root["ids"], f"{path}: ids")
-        docs = _dataset(root["docs"], {"id": ("doc", ids)}, f"{path}: docs")
+        docs = _dataset(root["docs"], {}, f"{path}: docs")
+        if "ids" in root:  # stores written before the ids moved into docs/
+            docs = docs.assign_coords(id=("doc", _lazy(root["ids"], f"{path}: ids")))
+        docs = docs.set_coords("id")
         # views being written by postprocess live under a temporary dot-name until done
         docs = docs.drop_vars([v for v in docs.data_vars if str(v).startswith(".")])
         chunks = _dataset(root["chunks"], {}, f"{path}: chunks") if "chunks" in root else None
@@ -216,12 +253,13 @@ class ZarrFormat:
 
     def update_provenance(self, path: str, provenance: dict[str, Any]) -> None:
         """Write the provenance; a complete one is sealed with every data file's checksum."""
-        if is_complete(provenance):
-            provenance = sealed(provenance, {rel: sum_ for rel in self.data_files(path)
-                                             if (sum_ := self.file_sum(path, rel))})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             root = zarr.open_group(path, mode="a", use_consolidated=False)
+            if is_complete(provenance):
+                _describe(root, provenance)  # before the seal: it changes arrays' zarr.json
+                provenance = sealed(provenance, {rel: sum_ for rel in self.data_files(path)
+                                                 if (sum_ := self.file_sum(path, rel))})
             root.update_attributes({"bertpipe": provenance})
             zarr.consolidate_metadata(path)
 
