@@ -7,6 +7,7 @@ a document's chunks (read from the job's input) and similarity search (the model
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -45,7 +46,10 @@ class Store(StoreData):
         return search(self, texts, view, k, level, exact)
 
 
-def open_store(path: str | Path, require_complete: bool = True) -> Store:
-    """Open a complete bertpipe store (Zarr or Parquet) lazily."""
-    data = open_store_data(path, require_complete)
+def open_store(path: str | Path, require_complete: bool = True,
+               storage_options: dict[str, Any] | None = None) -> Store:
+    """Open a complete bertpipe store (Zarr or Parquet) lazily, from a local folder or an
+    fsspec URL (`s3://bucket/out/reviews.zarr`: credentials from the environment, or
+    `storage_options`, e.g. {"endpoint_url": ..., "key": "${AWS_ACCESS_KEY_ID}"})."""
+    data = open_store_data(path, require_complete, storage_options)
     return Store(data.path, data.fmt, data.provenance, data.docs, data.chunks)

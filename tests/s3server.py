@@ -11,6 +11,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -37,28 +38,29 @@ def _command(port: int) -> list[str]:
 @contextlib.contextmanager
 def moto_server(env: dict[str, str] | None = None, timeout: float = 60) -> Iterator[str]:
     """The endpoint URL of a moto server started for the block (another port if the chosen
-    one was taken in the meantime)."""
+    one was taken in the meantime). Its log goes to a file: it writes a line per request,
+    and a pipe nobody reads would fill and stop the server."""
     error = ""
     for _ in range(3):
         port = free_port()
-        proc = subprocess.Popen(_command(port), env={**os.environ, **(env or {})},
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            if _wait_ready(proc, url, timeout):
-                yield url
-                return
-            error = (proc.stderr.read() if proc.stderr else b"").decode(errors="replace")
-        finally:
-            proc.terminate()
+        with tempfile.TemporaryFile() as log:
+            proc = subprocess.Popen(_command(port), env={**os.environ, **(env or {})},
+                                    stdout=subprocess.DEVNULL, stderr=log,
+                                    start_new_session=True)
+            url = f"http://127.0.0.1:{port}"
             try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stderr:
-                proc.stderr.close()
+                if _wait_ready(proc, url, timeout):
+                    yield url
+                    return
+                log.seek(0)
+                error = log.read().decode(errors="replace")
+            finally:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
     raise RuntimeError(f"moto_server did not start: {error[-2000:]}")
 
 

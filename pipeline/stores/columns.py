@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import StoreError
+from .fs import Location, resolve
 
 MISSING_STRING = "\u2400"  # ␀, SYMBOL FOR NULL
 MISSING_ATTRIBUTE = "missing_value"  # the CF attribute xarray masks on
@@ -112,7 +113,7 @@ class StoredColumns:
             raise StoreError(f"the partitions disagree on a column's type: {exc}") from None
         return cls(unified, nulls)
 
-    def string_widths(self, files: Sequence[Path]) -> dict[str, int]:
+    def string_widths(self, files: Sequence[Path | Location]) -> dict[str, int]:
         """Longest value (in characters, at least 1) of each string column over all parts:
         Zarr stores strings at a fixed width, which NumPy, pandas and scikit-learn take as
         they come (Zarr's variable-length strings read as NumPy's StringDType, which
@@ -123,10 +124,13 @@ class StoredColumns:
                  if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
         widths = dict.fromkeys(names, len(MISSING_STRING))
         for file in files:
-            present = [n for n in names if n in pq.read_schema(file).names]
-            if not present:
-                continue
-            table = pq.read_table(file, columns=present)
+            source = resolve(file) if isinstance(file, Path) else file
+            with source.open("rb") as f:
+                parquet = pq.ParquetFile(f)
+                present = [n for n in names if n in parquet.schema_arrow.names]
+                if not present:
+                    continue
+                table = parquet.read(columns=present)
             for name in present:
                 column = table.column(name)
                 if pa.types.is_null(column.type):  # an all-null part: nothing to measure

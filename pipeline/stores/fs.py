@@ -203,15 +203,36 @@ class Location:
         Local: a temporary name in the same folder, then a rename. Object store: one PUT
         (an object appears only when its upload completes)."""
         if self.local:
+            with self.writer() as out:
+                out.write(data)
+            return
+        self.fs.pipe_file(self.path, data)
+
+    @contextlib.contextmanager
+    def writer(self) -> Iterator[IO[bytes]]:
+        """A binary stream that replaces this file whole when the block ends, and leaves it
+        as it was if the block raises. Local: a temporary file renamed into place. Object
+        store: an upload (multipart when large) completed on success, aborted on failure,
+        so the object appears only whole."""
+        if self.local:
             path = Path(self.path)
+            path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
             try:
-                tmp.write_bytes(data)
+                with tmp.open("wb") as out:
+                    yield out
                 os.replace(tmp, path)
             finally:
                 tmp.unlink(missing_ok=True)
             return
-        self.fs.pipe_file(self.path, data)
+        out = self.fs.open(self.path, "wb")
+        try:
+            yield out
+        except BaseException:
+            with contextlib.suppress(Exception):
+                out.discard()  # aborts the multipart upload: nothing appears
+            raise
+        out.close()
 
     def write_json(self, content: Mapping[str, Any]) -> None:
         self.write_bytes(json.dumps(content, indent=1, sort_keys=True, default=str).encode())
@@ -311,7 +332,7 @@ def resolve(path: str | Path, options: Mapping[str, Any] | None = None,
     url = normalize_url(text)
     given = options if options is not None else registered_options(url)
     merged = merge(DEFAULTS.get(protocol_of(url), {}), expand(given or {}, key))
-    fs = _filesystem(protocol_of(url), merged)
+    fs = filesystem(protocol_of(url), merged)
     return Location(url, fs, fs._strip_protocol(url), merged)
 
 
@@ -322,13 +343,14 @@ def normalize_url(url: str) -> str:
     return f"{scheme}://{key}"
 
 
-def _filesystem(protocol: str, options: dict[str, Any]) -> Any:
+def filesystem(protocol: str, options: Mapping[str, Any]) -> Any:
     """One filesystem per protocol, options and relevant environment (fsspec's own cache
     keys on the arguments only, and botocore reads the environment when it is made)."""
     import fsspec
 
     env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
-    cache_key = json.dumps([protocol, options, sorted(env.items())], sort_keys=True, default=str)
+    cache_key = json.dumps([protocol, dict(options), sorted(env.items())], sort_keys=True,
+                           default=str)
     with _guard:
         fs = _filesystems.get(cache_key)
         if fs is None:
