@@ -20,11 +20,19 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _user_errors(fn: F) -> F:
-    """Turn a BertpipeError into `error: <message>` on stderr and its exit code."""
+    """Turn a BertpipeError into `error: <message>` on stderr and its exit code; for a
+    command on a store (`store_path`) given as a URL, a store that cannot be reached or
+    refuses the credentials too."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            store = kwargs.get("store_path")
+            if isinstance(store, str) and "://" in store:
+                from .stores.fs import storage_errors
+
+                with storage_errors(store, "store", StoreError):
+                    return fn(*args, **kwargs)
             return fn(*args, **kwargs)
         except BertpipeError as exc:
             click.echo(f"error: {_scrubbed(str(exc))}", err=True)
@@ -222,7 +230,7 @@ def unlock(store_path: str) -> None:
     """Remove a stale lock left by a run that died (never the lock of a running process)."""
     from .stores.lock import StoreLock
 
-    lock = StoreLock(os.path.realpath(store_path))
+    lock = StoreLock(store_path if "://" in store_path else os.path.realpath(store_path))
     holder = lock.holder()
     if holder is None:
         click.echo(f"{store_path}: not locked")
@@ -393,8 +401,15 @@ def probe(store_path: str, label: str, labels_file: str | None, label_column: st
                        learning_curve=learning_curve, curve_sizes=sizes,
                        curve_repeats=curve_repeats, on_view=Progress().message)
     click.echo(table(report))
-    paths = write_outputs(report, out_dir or f"{store_path.rstrip('/')}-probe")
+    paths = write_outputs(report, out_dir or _beside(store_path, "-probe"))
     click.echo(f"wrote {paths['json']}, {paths['html']}")
+
+
+def _beside(store_path: str, suffix: str) -> str:
+    """A local folder named after the store: beside it, or for a URL in the working
+    directory (reports are local files)."""
+    path = store_path.rstrip("/")
+    return (path.rsplit("/", 1)[-1] if "://" in path else path) + suffix
 
 
 def _int_list(text: str, option: str) -> list[int]:

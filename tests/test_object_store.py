@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,24 +26,37 @@ from pipeline.cli import main
 from pipeline.errors import InputError, StoreError
 from pipeline.stores import fs as storefs
 from tests.conftest import REVIEWS, job_dict, write_job
-from tests.s3server import environment, make_bucket, moto_server, reset
+from tests.s3server import environment, make_bucket, moto_server
 
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
+    """The loopback endpoint, found by botocore through the AWS variables for the whole
+    session (as a job on a cluster finds its object store)."""
     with moto_server() as url:
-        yield url
+        saved = {k: os.environ.get(k) for k in [*environment(url), "AWS_PROFILE"]}
+        os.environ.pop("AWS_PROFILE", None)
+        os.environ.update(environment(url))
+        try:
+            yield url
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+def new_bucket(endpoint: str) -> str:
+    name = f"b-{uuid.uuid4().hex[:12]}"
+    make_bucket(endpoint, name)
+    return f"s3://{name}"
 
 
 @pytest.fixture
-def s3(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """An empty `bucket` on the loopback endpoint, found through the AWS variables."""
-    reset(s3_endpoint)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    for key, value in environment(s3_endpoint).items():
-        monkeypatch.setenv(key, value)
-    make_bucket(s3_endpoint, "bucket")
-    return s3_endpoint
+def s3(s3_endpoint: str) -> str:
+    """A new, empty bucket: its URL."""
+    return new_bucket(s3_endpoint)
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> Result:
@@ -66,24 +80,24 @@ def keys(prefix: str) -> list[str]:
 
 
 def test_location_writes_whole_objects_and_removes_only_its_own_keys(s3: str) -> None:
-    store = storefs.resolve("s3://bucket/out/x.zarr/")
-    assert store.url == "s3://bucket/out/x.zarr" and not store.exists()
+    store = storefs.resolve(f"{s3}/out/x.zarr/")
+    assert store.url == f"{s3}/out/x.zarr" and not store.exists()
     store.child("docs", "mean", "zarr.json").write_json({"a": 1})
     store.child("docs/mean/c/0/0").write_bytes(b"\x00" * 10)
-    neighbour = storefs.resolve("s3://bucket/out/x.zarr2/keep.txt")  # shares the prefix
+    neighbour = storefs.resolve(f"{s3}/out/x.zarr2/keep.txt")  # shares the prefix
     neighbour.write_bytes(b"mine")
-    storefs.resolve("s3://bucket/out/x.zarr.txt").write_bytes(b"mine too")
+    storefs.resolve(f"{s3}/out/x.zarr.txt").write_bytes(b"mine too")
     assert store.is_dir() and [e.name for e in store.entries()] == ["docs"]
     assert store.files() == ["docs/mean/c/0/0", "docs/mean/zarr.json"]
     assert json.loads(store.child("docs/mean/zarr.json").read_bytes()) == {"a": 1}
     assert store.child("docs/mean/c/0/0").read_bytes(2, 5) == b"\x00" * 3
     store.remove_tree()
     assert not store.exists()
-    assert keys("s3://bucket/out") == ["x.zarr.txt", "x.zarr2/keep.txt"]
+    assert keys(f"{s3}/out") == ["x.zarr.txt", "x.zarr2/keep.txt"]
 
 
 def test_conditional_create_has_exactly_one_winner(s3: str) -> None:
-    lock = storefs.resolve("s3://bucket/out/x.zarr/_bertpipe.lock")
+    lock = storefs.resolve(f"{s3}/out/x.zarr/_bertpipe.lock")
     results: list[bool] = []
     barrier = threading.Barrier(16)
 
@@ -107,15 +121,15 @@ def test_conditional_create_has_exactly_one_winner(s3: str) -> None:
 def test_store_lock_on_s3_refuses_a_second_writer_and_spares_anothers(s3: str) -> None:
     from pipeline.stores.lock import StoreLock
 
-    first, second = StoreLock("s3://bucket/o.zarr"), StoreLock("s3://bucket/o.zarr")
+    first, second = StoreLock(f"{s3}/o.zarr"), StoreLock(f"{s3}/o.zarr")
     first.acquire("a" * 64)
-    with pytest.raises(StoreError, match=f"s3://bucket/o.zarr is being written by another run "
+    with pytest.raises(StoreError, match=f"{s3}/o.zarr is being written by another run "
                                          f".*pid {os.getpid()}.*job aaaaaaaaaaaa"):
         second.acquire("b" * 64)
     second.release()  # never acquired: must not remove the first's lock
     assert (first.holder() or {}).get("fingerprint") == "a" * 64
     first.release()
-    assert first.holder() is None and keys("s3://bucket/o.zarr") == []
+    assert first.holder() is None and keys(f"{s3}/o.zarr") == []
 
 
 def test_held_lock_on_s3_is_refreshed(s3: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,7 +139,7 @@ def test_held_lock_on_s3_is_refreshed(s3: str, monkeypatch: pytest.MonkeyPatch) 
     from pipeline.stores import lock as lock_module
 
     monkeypatch.setattr(lock_module, "HEARTBEAT_S", 0.05)
-    held = lock_module.StoreLock("s3://bucket/o.zarr")
+    held = lock_module.StoreLock(f"{s3}/o.zarr")
     held.acquire("a" * 64)
     record = held.holder() or {}
     stale = {**record, "refreshed_unix": time.time() - 2 * lock_module.STALE_AFTER_S}
@@ -143,7 +157,7 @@ def test_held_lock_on_s3_is_refreshed(s3: str, monkeypatch: pytest.MonkeyPatch) 
 def test_staging_on_s3_writes_parts_then_markers(s3: str) -> None:
     from pipeline.stores.staging import Staging
 
-    staging = Staging("s3://bucket/o.zarr")
+    staging = Staging(f"{s3}/o.zarr")
     staging.begin({"run_fingerprint": "f"})
     table = pa.table({"row": [0, 1], "x": [1.5, 2.5]})
     staging.write_part(0, {"docs": table, "chunks": None}, {"fingerprint": "f"})
@@ -155,7 +169,7 @@ def test_staging_on_s3_writes_parts_then_markers(s3: str) -> None:
     assert staging.done("f") == {}
     assert staging.run_info() == {"run_fingerprint": "f"}
     staging.remove()
-    assert keys("s3://bucket/o.zarr") == []
+    assert keys(f"{s3}/o.zarr") == []
 
 
 # ---- the input: a prefix of Parquet files, planned from footers --------------------------
@@ -175,9 +189,9 @@ def reviews_on_s3(s3: str, tmp_path: Path) -> tuple[str, Path]:
         stop = (40, 72, 96)[i]
         pq.write_table(table.slice(start, stop - start), local / f"part-{i}.parquet",
                        row_group_size=16)
-        upload(local / f"part-{i}.parquet", f"s3://bucket/in/part-{i}.parquet")
-    storefs.resolve("s3://bucket/in/README.txt").write_bytes(b"not parquet")
-    return "s3://bucket/in", local
+        upload(local / f"part-{i}.parquet", f"{s3}/in/part-{i}.parquet")
+    storefs.resolve(f"{s3}/in/README.txt").write_bytes(b"not parquet")
+    return f"{s3}/in", local
 
 
 def test_input_prefix_is_listed_and_planned_like_the_local_folder(
@@ -219,7 +233,7 @@ def test_planning_reads_footers_only(s3: str, tmp_path: Path,
     texts = ["".join(rng.choice(list("abcdefgh "), 300)) for _ in range(10_000)]
     local = tmp_path / "big.parquet"
     pq.write_table(pa.table({"text": texts}), local, row_group_size=1000, compression="none")
-    upload(local, "s3://bucket/big.parquet")
+    upload(local, f"{s3}/big.parquet")
     size = local.stat().st_size
     fetched: list[int] = []
     original_file, original_cat = s3fs.core.S3File._fetch_range, s3fs.core.S3FileSystem._cat_file
@@ -235,7 +249,7 @@ def test_planning_reads_footers_only(s3: str, tmp_path: Path,
 
     monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", counted_range)
     monkeypatch.setattr(s3fs.core.S3FileSystem, "_cat_file", counted_cat)
-    spec = InputSpec("s3://bucket/big.parquet", "text")
+    spec = InputSpec(f"{s3}/big.parquet", "text")
     parts = plan_partitions(spec, 1000)
     assert len(parts) == 10 and size > 3_000_000
     assert 0 < sum(fetched) < 200_000, (sum(fetched), size)
@@ -248,26 +262,27 @@ def test_planning_reads_footers_only(s3: str, tmp_path: Path,
 
 
 @pytest.mark.parametrize(("output", "why"), [
-    ("s3://bucket/in", "is the input folder"),
-    ("s3://bucket", "contains the input folder"),
-    ("s3a://bucket/in/out.zarr", "inside the input folder"),
-    ("s3://bucket/in/part-0.parquet", "is the input file"),
+    ("{s3}/in", "is the input folder"),
+    ("{s3}", "contains the input folder"),
+    ("{s3a}/in/out.zarr", "inside the input folder"),
+    ("{s3}/in/part-0.parquet", "is the input file"),
 ])
 def test_store_may_not_be_hold_or_feed_the_input(
-        reviews_on_s3: tuple[str, Path], tiny_bert: Path, tmp_path: Path,
+        s3: str, reviews_on_s3: tuple[str, Path], tiny_bert: Path, tmp_path: Path,
         output: str, why: str) -> None:
     url, _ = reviews_on_s3
+    output = output.format(s3=s3, s3a=s3.replace("s3://", "s3a://"))
     job = write_job(tmp_path / "job.yaml", job_dict(url, tiny_bert, output))
     result = run("extract", job)
     assert result.exit_code == 5 and why in one_error_line(result)
-    assert keys("s3://bucket") == ["in/README.txt"] + [f"in/part-{i}.parquet" for i in range(3)]
+    assert keys(f"{s3}") == ["in/README.txt"] + [f"in/part-{i}.parquet" for i in range(3)]
 
 
 def test_store_may_not_be_matched_by_the_input_glob(
-        reviews_on_s3: tuple[str, Path], tiny_bert: Path, tmp_path: Path) -> None:
+        s3: str, reviews_on_s3: tuple[str, Path], tiny_bert: Path, tmp_path: Path) -> None:
     job = write_job(tmp_path / "job.yaml",
-                    job_dict("s3://bucket/*/part-*.parquet", tiny_bert,
-                             "s3://bucket/x/part-9.parquet"))
+                    job_dict(f"{s3}/*/part-*.parquet", tiny_bert,
+                             f"{s3}/x/part-9.parquet"))
     result = run("extract", job)
     assert result.exit_code == 5 and "matched by the input pattern" in one_error_line(result)
 
@@ -297,7 +312,7 @@ def test_missing_environment_reference_names_the_key(
     monkeypatch.delenv("BERTPIPE_TEST_UNSET", raising=False)
     url, _ = reviews_on_s3
     job = write_job(tmp_path / "job.yaml", job_dict(
-        url, tiny_bert, "s3://bucket/o.zarr",
+        url, tiny_bert, f"{s3}/o.zarr",
         input={"storage_options": {"secret": "${BERTPIPE_TEST_UNSET}"}}))
     result = run("extract", job)
     assert result.exit_code == 2
@@ -392,3 +407,162 @@ def test_input_errors_keep_their_class(s3: str) -> None:
         list_files("s3://bucket/nothing")
     with pytest.raises(InputError, match="no Parquet files match"):
         list_files("s3://bucket/*.parquet")
+
+
+# ---- end to end: input on S3, store on S3 ------------------------------------------------
+
+E2E_VIEWS = {"mean": {"pooling": "mean"}, "cls": {"pooling": "cls"},
+             "l1": {"layers": [1], "pooling": "max"},
+             "centered": {"pooling": "mean", "post": {"method": "center"}}}
+
+
+@pytest.fixture(scope="module")
+def sample(s3_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """The first 96 sample reviews as three Parquet files, on S3 and in a local folder."""
+    bucket = new_bucket(s3_endpoint)
+    local = tmp_path_factory.mktemp("sample") / "in"
+    local.mkdir()
+    table = pq.read_table(REVIEWS).slice(0, 96)
+    for i, (start, stop) in enumerate(((0, 40), (40, 72), (72, 96))):
+        pq.write_table(table.slice(start, stop - start), local / f"part-{i}.parquet",
+                       row_group_size=16)
+        upload(local / f"part-{i}.parquet", f"{bucket}/in/part-{i}.parquet")
+    return f"{bucket}/in", local
+
+
+def e2e_job(source: str | Path, model: Path, output: str | Path, fmt: str,
+            **execution: Any) -> dict[str, Any]:
+    return job_dict(source, model, output, views=E2E_VIEWS,
+                    input={"carry_columns": ["label"]}, output={"format": fmt},
+                    execution={"partition_rows": 16, **execution})
+
+
+@pytest.fixture(scope="module")
+def e2e(sample: tuple[str, Path], tiny_bert: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The same job four ways: {zarr, parquet} x {local input and store, S3 input and
+    store}, through the command line."""
+    url, local = sample
+    tmp = tmp_path_factory.mktemp("e2e")
+    stores = {}
+    for fmt in ("zarr", "parquet"):
+        for where in ("local", "s3"):
+            out = str(tmp / f"r.{fmt}") if where == "local" else \
+                f"{url.rsplit('/', 1)[0]}/out/r.{fmt}"
+            job = e2e_job(local if where == "local" else url, tiny_bert, out, fmt)
+            result = run("extract", write_job(tmp / f"{fmt}-{where}.yaml", job))
+            assert result.exit_code == 0, result.output
+            stores[f"{fmt}-{where}"] = out
+    return stores
+
+
+def assert_same_arrays(got: Any, want: Any) -> None:
+    """Every variable and coordinate of two datasets, value for value (bit for bit)."""
+    assert set(got.variables) == set(want.variables)
+    for name in want.variables:
+        a, b = np.asarray(got[name].values), np.asarray(want[name].values)
+        if a.dtype.kind in "fc":
+            np.testing.assert_array_equal(a, b, err_msg=str(name))
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), name
+        else:
+            assert a.tolist() == b.tolist(), name
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "parquet"])
+def test_store_on_s3_is_identical_to_the_local_store(e2e: dict[str, str], fmt: str) -> None:
+    import pipeline
+
+    remote = pipeline.open_store(e2e[f"{fmt}-s3"])
+    local = pipeline.open_store(e2e[f"{fmt}-local"])
+    assert remote.path == e2e[f"{fmt}-s3"] and remote.views == local.views
+    assert_same_arrays(remote.docs, local.docs)
+    assert remote.chunks is not None and local.chunks is not None
+    assert_same_arrays(remote.chunks, local.chunks)
+    # the same bytes: every data file's checksum is the same on S3 and on disk
+    assert remote.provenance.checksums == local.provenance.checksums
+    timing = "partition_seconds"
+    assert {k: v for k, v in remote.provenance.stats.items() if k != timing} == \
+        {k: v for k, v in local.provenance.stats.items() if k != timing}
+    assert remote.provenance.complete and len(remote.provenance.checksums) >= 3
+    # staging and lock are gone; only the format's own entries remain
+    top = {rel.split("/")[0] for rel in keys(e2e[f"{fmt}-s3"])}
+    assert top == ({"zarr.json", "docs", "chunks", "post"} if fmt == "zarr"
+                   else {"docs", "chunks", "post"})
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "parquet"])
+def test_commands_on_a_store_on_s3(e2e: dict[str, str], fmt: str, tmp_path: Path) -> None:
+    store = e2e[f"{fmt}-s3"]
+    verified = run("verify", store)
+    assert verified.exit_code == 0 and verified.stdout.startswith(f"{store}: OK ({fmt}; 96 rows")
+    inspected = run("inspect", store, "--json")
+    assert inspected.exit_code == 0, inspected.output
+    assert json.loads(inspected.stdout)["rows"] == 96
+    found = run("search", store, "the drug worked", "--view", "mean", "-k", "3")
+    assert found.exit_code == 0 and len(found.stdout.strip().splitlines()) == 3, found.output
+    probed = run("probe", store, "--label", "label", "--views", "mean,cls", "--folds", "2",
+                 "--out", tmp_path / "probe")
+    assert probed.exit_code == 0 and (tmp_path / "probe" / "probe.json").exists(), probed.output
+    added = run("postprocess", store, "--view", "cls", "--method", "whiten", "--dims", "8")
+    assert added.exit_code == 0, added.output
+    import pipeline
+
+    whitened = pipeline.open_store(store).vectors("cls_whiten")
+    assert whitened.shape == (96, 8) and np.isfinite(whitened).all()
+    assert run("verify", store).exit_code == 0  # the new view is sealed too
+    # a damaged object is named, as on disk
+    victim = "docs/mean/c/0/0" if fmt == "zarr" else "docs/part-0.parquet"
+    data = storefs.resolve(f"{store}/{victim}").read_bytes()
+    middle = len(data) // 3
+    damaged = data[:middle] + b"garbage" + data[middle + 7:]
+    storefs.resolve(f"{store}/{victim}").write_bytes(damaged)
+    broken = run("verify", store)
+    assert broken.exit_code == 5 and "damaged" in one_error_line(broken)
+    assert (victim.split("/c/")[0] if fmt == "zarr" else victim) in broken.stderr
+    storefs.resolve(f"{store}/{victim}").write_bytes(data)
+
+
+def test_readers_of_the_zarr_store_on_s3(e2e: dict[str, str], s3_endpoint: str) -> None:
+    """What docs/cluster.md shows: xarray straight from S3, credentials from the environment
+    or given as storage options."""
+    import xarray as xr
+
+    import pipeline
+
+    store = e2e["zarr-s3"]
+    reference = pipeline.open_store(store).docs
+    docs = xr.open_zarr(store, group="docs")
+    np.testing.assert_array_equal(docs["mean"].values, reference["mean"].values)
+    assert docs["id"].values.tolist() == reference["id"].values.tolist()
+    options = {"endpoint_url": s3_endpoint, "key": os.environ["AWS_ACCESS_KEY_ID"],
+               "secret": os.environ["AWS_SECRET_ACCESS_KEY"]}
+    chunks = xr.open_zarr(store, group="chunks", storage_options=options)
+    assert chunks.sizes["chunk"] == pipeline.open_store(store).chunks.sizes["chunk"]
+    again = pipeline.open_store(store, storage_options={"endpoint_url": s3_endpoint})
+    np.testing.assert_array_equal(again.vectors("cls"), pipeline.open_store(store).vectors("cls"))
+
+
+def test_duckdb_and_polars_read_the_parquet_store_on_s3(e2e: dict[str, str],
+                                                         s3_endpoint: str) -> None:
+    import duckdb
+    import polars as pl
+    import s3fs
+
+    import pipeline
+
+    store = e2e["parquet-s3"]
+    reference = pipeline.open_store(store)
+    con = duckdb.connect()
+    con.register_filesystem(s3fs.S3FileSystem())  # credentials and endpoint: environment
+    rows = con.sql(f"select id, label, mean from read_parquet('{store}/docs/*.parquet')"
+                   ).fetchall()
+    assert [r[0] for r in rows] == reference.docs["id"].values.tolist()
+    np.testing.assert_array_equal(np.array([r[2] for r in rows], dtype=np.float32),
+                                  reference.vectors("mean"))
+    frame = pl.scan_parquet(f"{store}/chunks/*.parquet", storage_options={
+        "aws_endpoint_url": s3_endpoint, "aws_region": "us-east-1", "aws_allow_http": "true",
+        "aws_access_key_id": os.environ["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": os.environ["AWS_SECRET_ACCESS_KEY"]}).collect()
+    assert frame.height == reference.chunks.sizes["chunk"]
+    np.testing.assert_array_equal(np.stack(frame["cls"].to_numpy()),
+                                  reference.vectors("cls", "chunks"))
