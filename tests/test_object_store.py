@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
@@ -566,3 +568,137 @@ def test_duckdb_and_polars_read_the_parquet_store_on_s3(e2e: dict[str, str],
     assert frame.height == reference.chunks.sizes["chunk"]
     np.testing.assert_array_equal(np.stack(frame["cls"].to_numpy()),
                                   reference.vectors("cls", "chunks"))
+
+
+# ---- secrets: written nowhere -------------------------------------------------------------
+
+ENV_SECRET = "ENVSECRET-7f3a9c1e5b2d4068"
+JOB_SECRET = "JOBSECRET-2c8e6a4f0b1d3957"
+JOB_KEY = "AKIAJOBKEY7F3A9C1E5B"
+SECRETS = (ENV_SECRET, JOB_SECRET, JOB_KEY)
+
+
+def secrets_in(blob: bytes) -> list[str]:
+    return [s for s in SECRETS if s.encode() in blob]
+
+
+def every_object(prefix: str) -> dict[str, bytes]:
+    root = storefs.resolve(prefix)
+    return {rel: root.child(rel).read_bytes() for rel in root.files()}
+
+
+def every_file(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def secret_job(source: str, model: Path, output: str, fmt: str = "zarr",
+               **execution: Any) -> dict[str, Any]:
+    """A job whose store credential is written in it, and whose input credential is a
+    reference to the environment (which holds a secret too)."""
+    job = e2e_job(source, model, output, fmt, **execution)
+    job["input"]["storage_options"] = {"key": "${AWS_ACCESS_KEY_ID}",
+                                       "secret": "${AWS_SECRET_ACCESS_KEY}"}
+    job["output"]["storage_options"] = {"key": JOB_KEY, "secret": JOB_SECRET}
+    return job
+
+
+def bertpipe(*args: str | Path, cwd: Path, env: dict[str, str] | None = None,
+             timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    from tests.test_cluster import BERTPIPE
+
+    return subprocess.run([*BERTPIPE, *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "parquet"])
+def test_secrets_are_never_written(sample: tuple[str, Path], tiny_bert: Path, tmp_path: Path,
+                                   fmt: str) -> None:
+    """A recognisable secret in the environment and in the job's storage options: not in
+    the store (provenance included), the output, the logs, the JSON summary, or any file
+    the run made (its working directory and TMPDIR, Dask's scratch space included)."""
+    url, _ = sample
+    out = f"{url.rsplit('/', 1)[0]}/secret/r.{fmt}"
+    job = write_job(tmp_path / "job.yaml", secret_job(url, tiny_bert, out, fmt,
+                                                      scheduler="local"))
+    work, scratch = tmp_path / "work", tmp_path / "scratch"
+    work.mkdir()
+    scratch.mkdir()
+    env = {"AWS_SECRET_ACCESS_KEY": ENV_SECRET, "TMPDIR": str(scratch)}
+    done = bertpipe("-v", "extract", job, "--json-summary", work / "summary.json", cwd=work,
+                    env=env)
+    assert done.returncode == 0, done.stderr
+    assert "INFO" in done.stderr  # the logs were on
+    shown = bertpipe("inspect", out, "--json", cwd=work, env=env)
+    assert shown.returncode == 0, shown.stderr
+    written = {**every_object(out), **every_file(work), **every_file(scratch)}
+    assert any(name.endswith(("zarr.json", ".parquet")) for name in written)
+    leaks = {name: secrets_in(blob) for name, blob in written.items() if secrets_in(blob)}
+    assert leaks == {}
+    for text in (done.stdout, done.stderr, shown.stdout, shown.stderr):
+        assert secrets_in(text.encode()) == []
+    import pipeline
+
+    recorded = pipeline.open_store(out).provenance.job
+    assert recorded.output.storage_options == {"key": "***", "secret": "***"}
+    assert recorded.input.storage_options == {"key": "${AWS_ACCESS_KEY_ID}",
+                                              "secret": "${AWS_SECRET_ACCESS_KEY}"}
+
+
+# ---- a killed client, a concurrent run ----------------------------------------------------
+
+
+def test_killed_client_resumes_to_an_identical_store(
+        s3: str, tiny_bert: Path, tmp_path: Path) -> None:
+    """SIGKILL mid-run: nothing reads as complete, the lock stays and is named; a second
+    run meanwhile is refused; after `bertpipe unlock` the rerun skips the finished parts
+    and gives the store a clean run gives."""
+    local = tmp_path / "reviews.parquet"
+    pq.write_table(pq.read_table(REVIEWS), local, row_group_size=64)
+    upload(local, f"{s3}/in/reviews.parquet")
+    out = f"{s3}/out/r.zarr"
+    job = secret_job(f"{s3}/in", tiny_bert, out, partition_rows=8)
+    job_file = write_job(tmp_path / "job.yaml", job)
+    reference = write_job(tmp_path / "ref.yaml", e2e_job(local, tiny_bert, tmp_path / "ref.zarr",
+                                                          "zarr", partition_rows=8))
+    assert run("extract", reference).exit_code == 0
+    env = {"AWS_SECRET_ACCESS_KEY": ENV_SECRET}
+    from tests.test_cluster import BERTPIPE, _wait_for
+
+    client = subprocess.Popen([*BERTPIPE, "extract", str(job_file)], cwd=tmp_path,
+                              env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    markers = storefs.resolve(f"{out}/_bertpipe/parts")
+    try:
+        _wait_for(lambda: len(markers.glob("*.done.json")) >= 2, 120)
+        # one writer at a time: a second run is refused, naming the holder
+        second = run("extract", job_file, env=env)
+        assert second.exit_code == 5, second.output
+        assert f"{out} is being written by another run (host " in one_error_line(second)
+        assert f"pid {client.pid}" in second.stderr
+    finally:
+        client.send_signal(signal.SIGKILL)
+        client.wait()
+    staged = len(markers.glob("*.done.json"))
+    assert 2 <= staged < 75, staged  # killed mid-run
+    import pipeline
+    from pipeline.errors import StoreError as Refused
+
+    with pytest.raises(Refused, match="incomplete"):
+        pipeline.open_store(out)
+    leaks = {n: secrets_in(b) for n, b in every_object(out).items() if secrets_in(b)}
+    assert leaks == {}  # run.json, the lock and the parts hold no secret either
+    refused = run("extract", job_file, env=env)
+    assert refused.exit_code == 5 and "is no longer running on this host" in refused.stderr
+    assert f"`bertpipe unlock {out}`" in refused.stderr
+    unlocked = run("unlock", out)
+    assert unlocked.exit_code == 0 and "removed the lock of pid" in unlocked.stdout
+    resumed = run("extract", job_file, env=env)
+    assert resumed.exit_code == 0, resumed.output
+    assert f"skipped {staged}, run {75 - staged}" in resumed.stdout
+    got, want = pipeline.open_store(out), pipeline.open_store(tmp_path / "ref.zarr")
+    assert_same_arrays(got.docs, want.docs)
+    assert got.chunks is not None and want.chunks is not None
+    assert_same_arrays(got.chunks, want.chunks)
+    assert got.provenance.checksums == want.provenance.checksums
+    assert not storefs.resolve(f"{out}/_bertpipe").exists()
+    assert not storefs.resolve(f"{out}/_bertpipe.lock").exists()
