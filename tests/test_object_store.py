@@ -8,6 +8,7 @@ wrong credential or an unreachable endpoint is one line with its exit code."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -702,3 +703,91 @@ def test_killed_client_resumes_to_an_identical_store(
     assert got.provenance.checksums == want.provenance.checksums
     assert not storefs.resolve(f"{out}/_bertpipe").exists()
     assert not storefs.resolve(f"{out}/_bertpipe.lock").exists()
+
+
+# ---- a real Dask cluster whose workers share no folder with the client -------------------
+
+
+@contextlib.contextmanager
+def isolated_cluster(tmp: Path, n_workers: int = 2) -> Iterator[str]:
+    """`dask scheduler` and `n_workers` `dask worker` processes, each worker started in its
+    own working directory with its own TMPDIR (so a path only the client can see, or a
+    relative one, fails): the scheduler's address."""
+    from distributed import Client
+
+    from tests.test_cluster import DASK_SCHEDULER, DASK_WORKER, _wait_for
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    sched_file = tmp / "scheduler.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([*DASK_SCHEDULER, "--host", "127.0.0.1", "--port", "0",
+                               "--no-dashboard", "--scheduler-file", str(sched_file)],
+                              cwd=tmp, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)]
+    try:
+        _wait_for(sched_file.exists, 60)
+        address = json.loads(sched_file.read_text())["address"]
+        for i in range(n_workers):
+            home = tmp / f"worker-{i}"
+            (home / "tmp").mkdir(parents=True)
+            procs.append(subprocess.Popen(
+                [*DASK_WORKER, address, "--nthreads", "1", "--no-nanny", "--no-dashboard",
+                 "--name", f"w{i}", "--local-directory", str(home / "tmp")],
+                cwd=home, env={**env, "TMPDIR": str(home / "tmp")},
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        with Client(address, timeout="60s") as client:
+            client.wait_for_workers(n_workers, timeout=120)
+            homes = set(client.run(os.getcwd).values())
+            assert homes == {str(tmp / f"worker-{i}") for i in range(n_workers)}
+        yield address
+    finally:
+        for p in reversed(procs):
+            p.kill()
+            p.wait()
+
+
+def worked(address: str) -> dict[str, bool]:
+    """Per worker: whether it loaded the model, i.e. ran partitions."""
+    from distributed import Client
+
+    def loaded(dask_worker: Any) -> bool:
+        return any(getattr(p, "_extractor", None) is not None
+                   for p in dask_worker.plugins.values())
+
+    with Client(address, timeout="60s") as client:
+        return {str(k): bool(v) for k, v in client.run(loaded).items()}
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("fmt", ["zarr", "parquet"])
+def test_cluster_workers_in_their_own_folders_read_and_write_s3(
+        sample: tuple[str, Path], e2e: dict[str, str], tiny_bert: Path, tmp_path: Path,
+        fmt: str) -> None:
+    url, _ = sample
+    out = f"{url.rsplit('/', 1)[0]}/cluster/r.{fmt}"
+    client_dir = tmp_path / "client"
+    client_dir.mkdir()
+    # a relative job path and a client-only TMPDIR: what the workers must never need
+    write_job(client_dir / "job.yaml", e2e_job(url, tiny_bert, out, fmt, partition_rows=8,
+                                               threads_per_worker=1))
+    with isolated_cluster(tmp_path / "cluster") as address:
+        done = bertpipe("extract", "job.yaml", "--scheduler", address, cwd=client_dir,
+                        env={"TMPDIR": str(client_dir)})
+        assert done.returncode == 0, done.stderr
+        assert sorted(worked(address).values()) == [True, True]  # both ran partitions
+    import pipeline
+
+    got, want = pipeline.open_store(out), pipeline.open_store(e2e[f"{fmt}-local"])
+    assert got.provenance.stats["partitions"] == 12
+    for level in ("docs", "chunks"):
+        a, b = got.level(level), want.level(level)
+        for name in E2E_VIEWS:
+            # other partition sizes and threads than the reference: batch composition moves
+            # values by ~1e-7 (docs/store.md)
+            np.testing.assert_allclose(a[name].values, b[name].values, atol=1e-5)
+    assert got.docs["id"].values.tolist() == want.docs["id"].values.tolist()
+    assert run("verify", out).exit_code == 0
+    # nothing was written beside the workers (their scratch folder aside) or the client
+    for i in range(2):
+        assert [p.name for p in (tmp_path / "cluster" / f"worker-{i}").iterdir()] == ["tmp"]
+    assert [p.name for p in client_dir.iterdir()] == ["job.yaml"]
