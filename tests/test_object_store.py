@@ -451,7 +451,7 @@ def e2e(sample: tuple[str, Path], tiny_bert: Path,
     for fmt in ("zarr", "parquet"):
         for where in ("local", "s3"):
             out = str(tmp / f"r.{fmt}") if where == "local" else \
-                f"{url.rsplit('/', 1)[0]}/out/r.{fmt}"
+                f"{url.rsplit('/', 1)[0]}/out/reviews.{fmt}"
             job = e2e_job(local if where == "local" else url, tiny_bert, out, fmt)
             result = run("extract", write_job(tmp / f"{fmt}-{where}.yaml", job))
             assert result.exit_code == 0, result.output
@@ -543,6 +543,24 @@ def test_readers_of_the_zarr_store_on_s3(e2e: dict[str, str], s3_endpoint: str) 
     assert chunks.sizes["chunk"] == pipeline.open_store(store).chunks.sizes["chunk"]
     again = pipeline.open_store(store, storage_options={"endpoint_url": s3_endpoint})
     np.testing.assert_array_equal(again.vectors("cls"), pipeline.open_store(store).vectors("cls"))
+
+
+def test_the_readers_snippet_of_the_docs_runs(e2e: dict[str, str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/cluster.md's snippet as written, its bucket swapped for the test's."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "cluster.md").read_text()
+    block = re.search(r"<!-- snippet: readers.*?-->\n```python\n(.*?)```", text, re.S)
+    assert block is not None
+    bucket = e2e["zarr-s3"].split("/out/")[0]
+    assert e2e["parquet-s3"] == f"{bucket}/out/reviews.parquet"
+    monkeypatch.setenv("AWS_ALLOW_HTTP", "true")  # polars: the loopback endpoint is http
+    code = block.group(1).replace("s3://my-bucket", bucket)
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/cluster.md", "exec"), namespace)
+    assert namespace["store"].vectors("mean").shape == (96, 32)
+    assert namespace["docs"].sizes["doc"] == 96
 
 
 def test_duckdb_and_polars_read_the_parquet_store_on_s3(e2e: dict[str, str],
