@@ -809,3 +809,53 @@ def test_cluster_workers_in_their_own_folders_read_and_write_s3(
     for i in range(2):
         assert [p.name for p in (tmp_path / "cluster" / f"worker-{i}").iterdir()] == ["tmp"]
     assert [p.name for p in client_dir.iterdir()] == ["job.yaml"]
+
+
+# ---- writing overlaps encoding ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scheduler", ["synchronous", "local"])
+def test_a_partition_is_written_while_the_next_one_encodes(
+        tiny_bert: Path, small_texts: Path, tmp_path: Path, scheduler: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow store (each write takes 0.4 s): the next partition's encoding starts before
+    the previous partition's write ends, in process and on a Dask worker alike."""
+    import time
+
+    from pipeline.extract.partition import Extractor
+    from pipeline.stores.staging import Staging
+
+    spans: dict[str, list[tuple[int, float, float]]] = {"encode": [], "write": []}
+    original_run, original_write = Extractor.run, Staging.write_part
+
+    def timed_run(self: Any, part: Any) -> Any:
+        start = time.monotonic()
+        try:
+            return original_run(self, part)
+        finally:
+            spans["encode"].append((part.index, start, time.monotonic()))
+
+    def slow_write(self: Any, index: int, tables: Any, marker: Any) -> Any:
+        start = time.monotonic()
+        time.sleep(0.4)
+        try:
+            return original_write(self, index, tables, marker)
+        finally:
+            spans["write"].append((index, start, time.monotonic()))
+
+    monkeypatch.setattr(Extractor, "run", timed_run)
+    monkeypatch.setattr(Staging, "write_part", slow_write)
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr",
+                   execution={"scheduler": scheduler, "workers": 1, "partition_rows": 2})
+    if scheduler == "synchronous":
+        job["execution"].pop("workers")
+    assert run("extract", write_job(tmp_path / "job.yaml", job)).exit_code == 0
+    encodes = {i: (a, b) for i, a, b in spans["encode"]}
+    writes = {i: (a, b) for i, a, b in spans["write"]}
+    assert sorted(writes) == list(range(5))
+    overlapped = [(i, j) for i, (w0, w1) in writes.items() for j, (e0, e1) in encodes.items()
+                  if j != i and e0 < w1 and w0 < e1]
+    assert overlapped, (encodes, writes)
+    # one write at a time (memory stays bounded)
+    ordered = sorted(writes.values())
+    assert all(a[1] <= b[0] + 1e-3 for a, b in zip(ordered, ordered[1:], strict=False))

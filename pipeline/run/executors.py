@@ -1,15 +1,22 @@
 """Executors run partitions and report each one's marker or failure.
 
 `run_partition` is the unit of work (one partition, encoded and staged); an executor
-decides where it runs. The Dask executor lives in `dask_executor` (slow to import).
+decides where it runs. Encoding and staging are two steps (`encode_partition`,
+`stage_partition`) so that an executor can write one partition to the store while it
+encodes the next: an object store's uploads then overlap the model's work. The Dask
+executor lives in `dask_executor` (slow to import).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
+
+import pyarrow as pa
 
 from ..errors import BertpipeError
 from ..extract.partition import Extractor
@@ -40,9 +47,17 @@ class Executor(Protocol):
             on_done: OnDone) -> Failures: ...
 
 
-def run_partition(extractor: Extractor, staging: Staging, part: Partition,
-                  fingerprint: str) -> dict[str, Any]:
-    """Encode one partition and leave its parts and marker in the store."""
+@dataclass
+class Encoded:
+    """A partition's tables and its marker, encoded but not yet in the store."""
+
+    part: Partition
+    tables: dict[str, pa.Table | None]
+    marker: dict[str, Any]
+
+
+def encode_partition(extractor: Extractor, part: Partition, fingerprint: str) -> Encoded:
+    """Read, chunk, encode and pool one partition (nothing written)."""
     start = time.perf_counter()
     tables = extractor.run(part)
     marker = {
@@ -54,7 +69,18 @@ def run_partition(extractor: Extractor, staging: Staging, part: Partition,
         "dtype": str(extractor.model.compute_dtype).removeprefix("torch."),
         "seconds": time.perf_counter() - start,
     }
-    return staging.write_part(part.index, {"docs": tables.docs, "chunks": tables.chunks}, marker)
+    return Encoded(part, {"docs": tables.docs, "chunks": tables.chunks}, marker)
+
+
+def stage_partition(staging: Staging, encoded: Encoded) -> dict[str, Any]:
+    """Write an encoded partition's parts, then its marker, into the store."""
+    return staging.write_part(encoded.part.index, encoded.tables, encoded.marker)
+
+
+def run_partition(extractor: Extractor, staging: Staging, part: Partition,
+                  fingerprint: str) -> dict[str, Any]:
+    """Encode one partition and leave its parts and marker in the store."""
+    return stage_partition(staging, encode_partition(extractor, part, fingerprint))
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -66,7 +92,9 @@ def failure_reason(exc: BaseException) -> str:
 
 
 class InProcessExecutor:
-    """Everything in this process, one partition after another (`scheduler: synchronous`)."""
+    """Everything in this process, one partition after another (`scheduler: synchronous`);
+    a partition is written to the store by a second thread while the next one encodes
+    (one write in flight: memory stays bounded by two partitions)."""
 
     def __init__(self, extractor: Extractor | None = None):
         self.extractor = extractor
@@ -83,12 +111,28 @@ class InProcessExecutor:
         if not parts:
             return []
         extractor = self.extractor or Extractor(job)
-        failures = []
-        for part in parts:
+        failures: Failures = []
+        writing: tuple[Partition, Future[dict[str, Any]]] | None = None
+
+        def finish() -> None:
+            if writing is None:
+                return
+            part, future = writing
             try:
-                marker = run_partition(extractor, staging, part, fingerprint)
+                marker = future.result()
             except Exception as exc:  # noqa: BLE001 - reported per partition, as Dask does
                 failures.append((part, failure_reason(exc)))
-                continue
+                return
             on_done(part, marker)
+
+        with ThreadPoolExecutor(1, thread_name_prefix="bertpipe-write") as writer:
+            for part in parts:
+                try:
+                    encoded = encode_partition(extractor, part, fingerprint)
+                except Exception as exc:  # noqa: BLE001 - reported per partition
+                    failures.append((part, failure_reason(exc)))
+                    continue
+                finish()  # the previous write: at most one in flight
+                writing = (part, writer.submit(stage_partition, staging, encoded))
+            finish()
         return failures
