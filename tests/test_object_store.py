@@ -859,3 +859,32 @@ def test_a_partition_is_written_while_the_next_one_encodes(
     # one write at a time (memory stays bounded)
     ordered = sorted(writes.values())
     assert all(a[1] <= b[0] + 1e-3 for a, b in zip(ordered, ordered[1:], strict=False))
+
+
+# ---- any fsspec filesystem: memory:// ------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "parquet"])
+def test_store_in_memory_filesystem_matches_the_local_store(
+        tiny_bert: Path, small_texts: Path, tmp_path: Path, fmt: str) -> None:
+    """The fsspec layer is not S3-specific: the in-memory filesystem (no rename either)."""
+    import pipeline
+
+    out = f"memory://bertpipe-{uuid.uuid4().hex[:8]}/o.{fmt}"
+    views = {"mean": {"pooling": "mean"}, "c": {"pooling": "cls", "post": {"method": "center"}}}
+    for target, name in ((out, "mem"), (tmp_path / f"o.{fmt}", "disk")):
+        job = job_dict(small_texts, tiny_bert, target, views=views, output={"format": fmt},
+                       input={"carry_columns": ["label"]})
+        result = run("extract", write_job(tmp_path / f"{name}.yaml", job), "--dry-run")
+        assert result.exit_code == 0 and "does not exist yet" in result.stdout
+        result = run("extract", write_job(tmp_path / f"{name}.yaml", job))
+        assert result.exit_code == 0, result.output
+    assert run("verify", out).exit_code == 0
+    got, want = pipeline.open_store(out), pipeline.open_store(tmp_path / f"o.{fmt}")
+    assert_same_arrays(got.docs, want.docs)
+    assert got.provenance.checksums == want.provenance.checksums
+    again = run("extract", write_job(tmp_path / "mem.yaml", job_dict(
+        small_texts, tiny_bert, out, views=views, output={"format": fmt},
+        input={"carry_columns": ["label"]})))
+    assert again.exit_code == 0 and "already complete" in again.stdout
+    storefs.resolve(out).remove_tree()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import json
 import os
 import re
@@ -224,6 +225,12 @@ class Location:
                 os.replace(tmp, path)
             finally:
                 tmp.unlink(missing_ok=True)
+            return
+        if protocol_of(self.url) == "memory":
+            # the in-memory filesystem shows a file as it is written: write it in one go
+            buffer = io.BytesIO()
+            yield buffer
+            self.fs.pipe_file(self.path, buffer.getvalue())
             return
         out = self.fs.open(self.path, "wb")
         try:

@@ -193,7 +193,7 @@ def _async_fs(loc: Location) -> Any:
         return opened
     from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
 
-    return AsyncFileSystemWrapper(opened)
+    return AsyncFileSystemWrapper(opened, asynchronous=True)
 
 
 _closing: set[int] = set()
