@@ -1,11 +1,13 @@
 """The notebook API: `pipeline.open_store(path)` for either store format.
 
 `Store` is the stores-level `StoreData` plus what needs the layers above it: the text of
-a document's chunks (read from the job's input) and similarity search (the model).
+a document's chunks (read from the job's input), similarity search (the model), and one
+document's token vectors (token views).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +15,80 @@ import numpy as np
 import pandas as pd
 
 from .analysis.search import Hit, search
+from .errors import StoreError
 from .extract.source import read_text
 from .stores.opened import StoreData, open_store_data
 
+TOKEN_FIELDS = ("position", "token_id", "token", "start", "end")
+
+
+@dataclass
+class TokenVectors:
+    """Stored tokens of one document for one token view.
+
+    `frame`: one row per token in document order, columns position (index among the
+    document's word pieces, special tokens not counted), token_id, token (the word piece,
+    e.g. `##ing`), start and end (character offsets: `text[start:end]` is the token's
+    surface form in the row's original text). `vectors`: (n, D) float array, row i for
+    frame row i.
+    """
+
+    row: int
+    view: str
+    frame: pd.DataFrame
+    vectors: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    def mean(self) -> np.ndarray:
+        """(D,) the tokens' mean vector (e.g. one vector for a span); NaN when empty."""
+        if not len(self.vectors):
+            return np.full(self.vectors.shape[1], np.nan, self.vectors.dtype)
+        return self.vectors.mean(0)
+
 
 class Store(StoreData):
+    def row_of(self, id_value: object) -> int:
+        """The row of the document whose id is `id_value` (the first, if repeated)."""
+        ids = np.asarray(self.docs["id"].values)
+        found = np.flatnonzero(ids == id_value)
+        if not len(found):
+            raise StoreError(f"{self.path}: no document with id {id_value!r}")
+        return int(found[0])
+
+    def tokens(self, view: str, row_or_id: int | str) -> TokenVectors:
+        """One document's tokens, offsets and (n, D) vectors of token view `view`.
+
+        An `int` is a row number; any other value is looked up as an id (for an integer
+        id column, pass `store.row_of(id)`). Special tokens are not stored; tokens cut
+        off by `chunking.strategy: truncate` are not either.
+        """
+        if self.token_dataset is None or view not in self.token_views:
+            raise StoreError(f"{self.path}: no token view {view!r}; token views: "
+                             f"{', '.join(self.token_views) or 'none (pooling: tokens)'}")
+        row = row_or_id if isinstance(row_or_id, (int, np.integer)) \
+            else self.row_of(row_or_id)
+        n = int(self.docs.sizes["doc"])
+        if not 0 <= row < n:
+            raise StoreError(f"{self.path}: row {row} is out of range (0..{n - 1})")
+        start = int(self.docs["token_offset"][row])  # reads one block, not the column
+        count = int(self.docs["token_count"][row])
+        part = self.token_dataset.isel(piece=slice(start, start + count))
+        frame = pd.DataFrame({k: np.asarray(part[k].values) for k in TOKEN_FIELDS})
+        return TokenVectors(row, view, frame, np.asarray(part[view].values))
+
+    def token_span_vectors(self, view: str, row_or_id: int | str, start: int,
+                           end: int) -> TokenVectors:
+        """The tokens of one document that overlap the character span [start, end)
+        (a token overlaps when token.start < end and token.end > start)."""
+        if end < start:
+            raise StoreError(f"span: end {end} is before start {start}")
+        every = self.tokens(view, row_or_id)
+        inside = ((every.frame["start"] < end) & (every.frame["end"] > start)).to_numpy()
+        return TokenVectors(every.row, view, every.frame[inside].reset_index(drop=True),
+                            every.vectors[inside])
+
     def chunk_texts(self, row: int, text: str | None = None) -> pd.DataFrame:
         """One document's chunks with their text and vectors, in document order.
 
@@ -52,4 +123,5 @@ def open_store(path: str | Path, require_complete: bool = True,
     fsspec URL (`s3://bucket/out/reviews.zarr`: credentials from the environment, or
     `storage_options`, e.g. {"endpoint_url": ..., "key": "${AWS_ACCESS_KEY_ID}"})."""
     data = open_store_data(path, require_complete, storage_options)
-    return Store(data.path, data.fmt, data.provenance, data.docs, data.chunks)
+    return Store(data.path, data.fmt, data.provenance, data.docs, data.chunks,
+                 data.token_dataset)

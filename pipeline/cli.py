@@ -80,7 +80,8 @@ Exit codes:
   0  success
   1  any other error
   2  job file or option invalid (JobError, OptionError: names the key or option)
-  3  input table unusable (InputError: names the file, column or row)
+  3  input table or probe labels unusable (InputError, ProbeError: names the file,
+     column or row)
   4  model cannot be loaded or lacks what a view needs (ModelError)
   5  store missing, incomplete, damaged, of another job or newer format (StoreError)
   6  partitions failed; the others are kept for a rerun (PartitionError)
@@ -90,9 +91,22 @@ Exit codes:
 
 @click.group(cls=OneLineGroup, epilog=EXIT_CODES)
 @click.version_option(package_name="bertpipe")
-@click.option("-v", "--verbose", is_flag=True, help="Log progress details.")
-def main(verbose: bool) -> None:
-    """bertpipe: fixed-size vectors from BERT-family encoders, from Parquet text tables."""
+@click.option("-v", "--verbose", is_flag=True, help="Log details (model loading, Dask).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress lines; errors and the result "
+              "still print.")
+@click.pass_context
+def main(ctx: click.Context, verbose: bool, quiet: bool) -> None:
+    """bertpipe: fixed-size vectors from BERT-family encoders, from Parquet text tables.
+
+    \b
+    Start with:
+      bertpipe validate jobs/reviews.yaml
+      bertpipe extract jobs/reviews.yaml
+      bertpipe inspect out/reviews.zarr
+    Shell completion (bash; zsh and fish alike):
+      eval "$(_BERTPIPE_COMPLETE=bash_source bertpipe)"
+    """
+    ctx.obj = {"quiet": quiet}
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     level = logging.INFO if verbose else logging.WARNING
@@ -114,7 +128,14 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALU
 @_user_errors
 def validate(job_file: str, overrides: tuple[str, ...], schema_only: bool) -> None:
     """Check a job without running it: the file, the model's config and tokenizer (no
-    weights), and the input's Parquet metadata (no rows). Writes nothing."""
+    weights), and the input's Parquet metadata (no rows). Writes nothing.
+
+    \b
+    Examples:
+      bertpipe validate jobs/reviews.yaml
+      bertpipe validate jobs/reviews.yaml --set model.path=models/other
+      bertpipe validate jobs/cluster.yaml --schema-only   # where model and data are not mounted
+    """
     from .spec import load_job
 
     job = load_job(job_file, overrides)
@@ -194,10 +215,12 @@ def _extract(job_file: str, overrides: tuple[str, ...], overwrite: bool, schedul
     from .run.progress import Progress
     from .run.runner import executor_for, run_job
 
-    with Progress() as progress, _terminate_as_exit():
+    quiet = bool((click.get_current_context().find_root().obj or {}).get("quiet"))
+    with Progress(quiet=quiet) as progress, _terminate_as_exit():
         if summary is not None:
             summary.path = job.output.path
-        summary = run_job(job, executor=executor_for(job, say=progress.message),
+        executor = executor_for(job, say=progress.message, on_batch=progress.batch_done)
+        summary = run_job(job, executor=executor,
                           on_done=progress.partition_done, overwrite=overwrite,
                           on_plan=progress.start, job_file=job_file, summary=summary)
     click.echo(summary.line())
@@ -227,7 +250,12 @@ def _terminate_as_exit() -> Iterator[None]:
 @click.argument("store_path", type=click.Path())
 @_user_errors
 def unlock(store_path: str) -> None:
-    """Remove a stale lock left by a run that died (never the lock of a running process)."""
+    """Remove a stale lock left by a run that died (never the lock of a running process).
+
+    \b
+    Example:
+      bertpipe unlock out/reviews.zarr
+    """
     from .stores.lock import StoreLock
 
     lock = StoreLock(store_path if "://" in store_path else os.path.realpath(store_path))
@@ -292,7 +320,12 @@ def verify(store_path: str) -> None:
 
     Recomputes the checksum of every file the store recorded when it was completed, and
     checks the complete flag, the rows of every array or file, and that every view is
-    stored. Prints one OK line, or exits 5 naming each array or file that is wrong."""
+    stored. Prints one OK line, or exits 5 naming each array or file that is wrong.
+
+    \b
+    Example:
+      bertpipe verify out/reviews.zarr && echo "safe to publish"
+    """
     from .stores.verify import verified
 
     click.echo(verified(store_path).line())
@@ -301,7 +334,9 @@ def verify(store_path: str) -> None:
 @main.command()
 @click.argument("store_path", type=click.Path())
 @click.option("--view", required=True, help="The view to fit on.")
-@click.option("--method", required=True, type=click.Choice(["center", "whiten", "abtt"]))
+@click.option("--method", required=True, type=click.Choice(["center", "whiten", "abtt"]),
+              help="center: subtract the mean; whiten: decorrelate to unit variance; abtt: "
+              "remove the top principal directions (all-but-the-top).")
 @click.option("--dims", type=click.IntRange(min=1), default=None,
               help="whiten: keep this many dimensions (1 to the view's width).")
 @click.option("-d", "top", type=click.IntRange(min=1), default=None,
@@ -312,7 +347,14 @@ def verify(store_path: str) -> None:
 @_user_errors
 def postprocess(store_path: str, view: str, method: str, dims: int | None, top: int | None,
                 normalize: bool, name: str | None) -> None:
-    """Fit a geometry fix on a view and write the result as a new view of the store."""
+    """Fit a geometry fix on a view and write the result as a new view of the store.
+
+    \b
+    Examples:
+      bertpipe postprocess out/reviews.zarr --view mean --method center
+      bertpipe postprocess out/reviews.zarr --view mean --method whiten --dims 128 --normalize
+      bertpipe postprocess out/reviews.zarr --view cls --method abtt -d 2 --name cls_abtt2
+    """
     from .post.apply import postprocess as run
     from .spec import PostSpec
 
@@ -337,7 +379,14 @@ def postprocess(store_path: str, view: str, method: str, dims: int | None, top: 
 @_user_errors
 def search(store_path: str, query: tuple[str, ...], view: str | None, k: int,
            level: str, exact: bool) -> None:
-    """Top-k rows of a store for a query text (exact cosine search)."""
+    """Top-k rows of a store for a query text (exact cosine search, or the store's FAISS
+    index when there is one).
+
+    \b
+    Examples:
+      bertpipe search out/reviews.zarr "made me dizzy" --view mean -k 5
+      bertpipe search out/reviews.zarr "weight gain" --chunks --exact
+    """
     from .analysis.search import search as run
     from .analysis.search import snippet
     from .api import open_store
@@ -368,7 +417,8 @@ def search(store_path: str, query: tuple[str, ...], view: str | None, k: int,
               help="Also learn an ELMo scalar mix over the single-layer views with this pooling.")
 @click.option("--folds", default=5, show_default=True, type=click.IntRange(min=2),
               help="Cross-validation folds (at least 2).")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the folds and subsamples: "
+              "the same seed gives the same report.")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Where probe.json, probe.html and probe.png go (default STORE-probe/).")
 @click.option("--learning-curve", "learning_curve", is_flag=True, help="Also refit each view "
@@ -382,7 +432,15 @@ def probe(store_path: str, label: str, labels_file: str | None, label_column: st
           id_column: str, view_names: str | None, layers: bool, scalar_mix: str | None,
           folds: int, seed: int, out_dir: str | None, learning_curve: bool,
           curve_sizes: str | None, curve_repeats: int) -> None:
-    """Linear probes of every view: which layer and pooling carry the label?"""
+    """Linear probes of every view: which layer and pooling carry the label?
+
+    \b
+    Examples:
+      bertpipe probe out/reviews.zarr --label label
+      bertpipe probe out/sweep.zarr --label label --layers --scalar-mix mean
+      bertpipe probe out/reviews.zarr --label y --labels labels.parquet --id-column doc_id
+      bertpipe probe out/sweep.zarr --label label --views l3_mean --learning-curve
+    """
     from .analysis.probe import load_labels, run_probe
     from .analysis.report import table, write_outputs
     from .api import open_store
@@ -431,7 +489,12 @@ def _int_list(text: str, option: str) -> list[int]:
               help="Lists scanned per query.")
 @_user_errors
 def index(store_path: str, view: str, level: str, nprobe: int) -> None:
-    """Build an approximate nearest-neighbour index (FAISS) beside the store."""
+    """Build an approximate nearest-neighbour index (FAISS) beside the store.
+
+    \b
+    Example:
+      bertpipe index out/reviews.zarr --view mean --nprobe 32
+    """
     from .analysis.index import build_index
     from .api import open_store
 
@@ -452,22 +515,29 @@ def index(store_path: str, view: str, level: str, nprobe: int) -> None:
               "instead of one row's maps.")
 @click.option("--sample", default=100, show_default=True, help="--summary: rows sampled "
               "(fixed seed).")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the row sample for "
+              "--summary.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for attention.html + attention.npz (or the summary's files).")
 @_user_errors
 def attention(job_file: str, overrides: tuple[str, ...], row_id: str | None, chunk: int,
               layers: str | None, heads: str | None, summary: bool, sample: int, seed: int,
               out_dir: str) -> None:
-    """Attention maps of one row, or what every head does over a sample (a diagnostic)."""
-    from .analysis.attention import AttentionError, attention_for_row, summarize_heads
+    """Attention maps of one row, or what every head does over a sample (a diagnostic).
+
+    \b
+    Examples:
+      bertpipe attention jobs/reviews.yaml --id 48134 --layers 0,5 --out out/att
+      bertpipe attention jobs/reviews.yaml --summary --sample 200 --out out/att
+    """
+    from .analysis.attention import attention_for_row, summarize_heads
     from .spec import load_job
 
     if summary == (row_id is not None):
-        raise AttentionError("give either --id ID (one row's maps) or --summary (statistics "
+        raise OptionError("give either --id ID (one row's maps) or --summary (statistics "
                              "over --sample rows)")
     if summary and chunk:
-        raise AttentionError("--chunk: applies to one row (--id); --summary uses each "
+        raise OptionError("--chunk: applies to one row (--id); --summary uses each "
                              "sampled row's first chunk")
     job = load_job(job_file, overrides)
     if summary:

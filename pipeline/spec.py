@@ -38,7 +38,10 @@ STORE_FIELDS = frozenset({
     "id", "ids", "row", "doc", "docs", "chunk", "chunks", "seq", "start", "end", "n_tokens",
     "n_chunks", "truncated", "status", "post", "index", "_bertpipe",
     "n_unk", "n_words", "n_fragmented",  # vocabulary fit, per row
+    # the token level (views with pooling: tokens)
+    "tokens", "token", "token_id", "token_offset", "token_count", "position", "piece",
 })
+TOKEN_POOLING = "tokens"  # a view that keeps one vector per token instead of pooling
 DIM_SUFFIX = "_dim"  # a view's second dimension is `<view>_dim`
 
 
@@ -58,6 +61,7 @@ class ModelSpec:
     path: str
     dtype: str = "auto"
     device: str = "auto"
+    runtime: str = "auto"  # auto | torch | openvino (pipeline/extract/runtime.py)
     max_tokens: int | None = None  # None: the model's own limit
     allow_pickle: bool = False
     trust_remote_code: bool = False
@@ -93,6 +97,11 @@ class ViewSpec:
     gamma: float = 1.0
     normalize: bool = False
     post: PostSpec | None = None  # fitted on the documents at the end of the run
+
+    @property
+    def per_token(self) -> bool:
+        """A token view: one vector per word piece, stored in the tokens level only."""
+        return self.pooling == TOKEN_POOLING
 
 
 @dataclass(frozen=True)
@@ -184,6 +193,11 @@ class Job:
         content["output"].pop("storage_options", None)
         blob = json.dumps(content, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
+
+    @property
+    def token_views(self) -> tuple[ViewSpec, ...]:
+        """Views with pooling: tokens (their vectors go to the tokens level only)."""
+        return tuple(v for v in self.views if v.per_token)
 
     def view(self, name: str) -> ViewSpec:
         for v in self.views:
@@ -399,6 +413,9 @@ def _check_consistency(job: Job) -> None:
         if v.pooling == "pooler" and (v.layers != (-1,) or v.combine != "none"):
             raise JobError(f"{key}.layers: the pooler is defined on the last layer only; "
                            "drop layers/combine for pooling: pooler")
+        if v.pooling == TOKEN_POOLING and v.post is not None:
+            raise JobError(f"{key}.post: post-processing is fitted on document vectors and a "
+                           "pooling: tokens view stores token vectors only; drop post")
     for section, spec in (("input", job.input), ("output", job.output)):
         if spec.storage_options and "://" not in spec.path:
             raise JobError(f"{section}.storage_options: only used with a URL {section}.path "

@@ -129,6 +129,20 @@ def store_schema_check(request: pytest.FixtureRequest,
     yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def runtime_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Exported runtime models go to a folder of this session, never the user's cache
+    (set before any worker process starts, so Dask workers inherit it)."""
+    path = tmp_path_factory.mktemp("runtime-cache")
+    before = os.environ.get("BERTPIPE_CACHE_DIR")
+    os.environ["BERTPIPE_CACHE_DIR"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("BERTPIPE_CACHE_DIR", None)
+    else:
+        os.environ["BERTPIPE_CACHE_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer BERT with H=32 and random weights, pooler included."""
@@ -181,10 +195,11 @@ def write_table(path: Path, columns: dict[str, list[Any]], **kwargs: Any) -> Pat
 
 
 def job_dict(input_path: Path, model: Path, output_path: Path, **sections: Any) -> dict[str, Any]:
-    """A complete job dict; `sections` replace or extend top-level sections."""
+    """A complete job dict; `sections` replace or extend top-level sections. The torch
+    runtime (the float32 reference) unless a test asks for another one."""
     job: dict[str, Any] = {
         "input": {"path": str(input_path), "text_column": "text", "id_column": "id"},
-        "model": {"path": str(model), "dtype": "float32", "device": "cpu"},
+        "model": {"path": str(model), "dtype": "float32", "device": "cpu", "runtime": "torch"},
         "chunking": {"strategy": "truncate"},
         "views": {"mean": {"pooling": "mean"}, "cls": {"pooling": "cls"}},
         "output": {"path": str(output_path), "format": "zarr"},
@@ -268,3 +283,25 @@ def synthetic_store(path: Path, informative_layer: int = 2, seed: int = 0,
     format_named("zarr").create(str(path), {"complete": False})
     format_named("zarr").commit(str(path), staging, Layout([0], n, 0, False), provenance)
     return pipeline.open_store(path)
+
+
+def chromium() -> str:
+    """Debian's chromium for rendering HTML reports; the test skips, saying why, without it."""
+    import shutil
+
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if path := shutil.which(name):
+            return path
+    pytest.skip("no chromium installed (apt-get install -y chromium) to render the page")
+
+
+def headless(page: Path, tmp_path: Path, *args: str) -> Any:
+    """Run headless chromium on a local page (no network, a fresh profile); logs the page's
+    console to stderr so a test can check it for errors."""
+    import subprocess
+
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--no-first-run", "--disable-component-update", "--disable-sync",
+             "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'profile'}"]
+    return subprocess.run([chromium(), *flags, *args, page.as_uri()], capture_output=True,
+                          text=True, timeout=120, check=True)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +15,7 @@ from click.testing import CliRunner, Result
 from pipeline.analysis.attention import HeadStatistics, TokenKinds, is_punctuation
 from pipeline.cli import main
 from pipeline.extract.chunking import Specials
-from tests.conftest import job_dict, write_job, write_table
+from tests.conftest import headless, job_dict, write_job, write_table
 
 LONG = ("the drug worked very well for my pain. " * 3 + "\n\n"
         + "bad side effects, no sleep for a week. " * 3)
@@ -160,21 +158,6 @@ def test_summary_outputs(job: Path, tmp_path: Path) -> None:
     assert (stats["entropy"] <= data["uniform_entropy"] + 1e-9).all()
     page = (out / "attention-summary.html").read_text()
     assert page.count('class="grid"') == 5
-
-
-def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if path := shutil.which(name):
-            return path
-    pytest.skip("no chromium installed (apt-get install -y chromium) to render the page")
-
-
-def headless(page: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--no-first-run", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}"]
-    return subprocess.run([chromium(), *flags, *args, page.as_uri()], capture_output=True,
-                          text=True, timeout=120, check=True)
 
 
 def test_page_renders_in_headless_chromium(job: Path, tmp_path: Path) -> None:

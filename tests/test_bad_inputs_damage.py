@@ -32,6 +32,8 @@ from pipeline.stores import format_named
 from pipeline.stores.zarr_store import ZarrFormat
 from tests.conftest import REPO, job_dict, store_schema_errors, write_table
 
+pytestmark = pytest.mark.table  # hundreds of CLI runs: make test, not make test-fast
+
 TEXTS = ["the drug worked very well", "bad side effects, no sleep for a week", "great",
          "my doctor said it is not good for pain and sleep", "yes", "the day was good",
          "it worked. then it did not. then the pain was terrible!", "pain pain pain",

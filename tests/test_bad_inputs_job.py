@@ -28,6 +28,8 @@ from pipeline.cli import main
 from pipeline.errors import BertpipeError
 from tests.conftest import job_dict, write_job, write_table
 
+pytestmark = pytest.mark.table  # hundreds of CLI runs: make test, not make test-fast
+
 TEXTS = ["the drug worked very well", "bad side effects, no sleep for a week", "great",
          "my doctor said it is not good for pain and sleep", "yes", "the day was good",
          "no effects with the drug in my week", "pain pain pain", "a very good drug",

@@ -34,6 +34,8 @@ from pipeline.run import runner
 from pipeline.stores.lock import LOCK_NAME, STALE_AFTER_S
 from tests.conftest import job_dict, write_job
 
+pytestmark = pytest.mark.table  # hundreds of CLI runs: make test, not make test-fast
+
 BIN = Path(sys.executable).parent
 TEXTS = ["the drug worked very well", "bad side effects, no sleep for a week", "great",
          "my doctor said it is not good for pain and sleep", "yes", "the day was good",

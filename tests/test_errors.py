@@ -140,6 +140,7 @@ def test_open_store_on_missing_path(tmp_path: Path) -> None:
 @pytest.mark.parametrize("override,fragment", [
     ("output.format=csv", "output.format"),
     ("model.dtype=int8", "model.dtype"),
+    ("model.runtime=onnx", "model.runtime"),
     ("nonsense", "KEY=VALUE"),
 ])
 def test_bad_overrides(tmp_path: Path, tiny_bert: Path, small_texts: Path, override: str,

@@ -19,6 +19,8 @@ from hypothesis import strategies as st
 from pipeline.cli import main
 from tests.conftest import write_table
 
+pytestmark = pytest.mark.table  # hundreds of CLI runs: make test, not make test-fast
+
 N_LAYERS = 2  # the tiny BERT: hidden states 0..2, hidden size 32, 64 positions
 SAFE_NAMES = st.from_regex(r"\A[a-z][a-z0-9_]{0,10}\Z").filter(
     lambda n: n not in {"id", "ids", "row", "doc", "docs", "chunk", "chunks", "seq", "start",
@@ -156,7 +158,7 @@ WRONG: list[tuple[str, Any, int, str]] = [
     ("output.dtype", "int8", 2, "output.dtype: 'int8' is not one of"),
     ("output.levels", [], 2, "output.levels: [] should be non-empty"),
     ("output.levels", ["rows"], 2, "output.levels.0: 'rows' is not one of"),
-    ("output.path", "s3://bucket/x", 2, "output.path: object-store URLs are not supported"),
+    ("output.storage_options", {"key": "k"}, 2, "output.storage_options: only used with a URL"),
     ("output.overwrite", "y", 2, "output.overwrite: 'y' is not of type 'boolean'"),
     ("batching.max_tokens_per_batch", 0, 2, "batching.max_tokens_per_batch: 0 is less than"),
     ("batching.max_batch_size", 0, 2, "batching.max_batch_size: 0 is less than"),

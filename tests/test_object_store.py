@@ -28,7 +28,7 @@ from click.testing import CliRunner, Result
 from pipeline.cli import main
 from pipeline.errors import InputError, StoreError
 from pipeline.stores import fs as storefs
-from tests.conftest import REVIEWS, job_dict, write_job
+from tests.conftest import REPO, REVIEWS, job_dict, write_job
 from tests.s3server import environment, make_bucket, moto_server
 
 
@@ -195,6 +195,21 @@ def reviews_on_s3(s3: str, tmp_path: Path) -> tuple[str, Path]:
         upload(local / f"part-{i}.parquet", f"{s3}/in/part-{i}.parquet")
     storefs.resolve(f"{s3}/in/README.txt").write_bytes(b"not parquet")
     return f"{s3}/in", local
+
+
+def test_shipped_s3_job_validates_against_its_buckets(s3_endpoint: str, minilm: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """jobs/reviews-s3.yaml as written: the input prefix listed and its footers read from
+    the bucket the job names, the store's bucket checked, the model read."""
+    make_bucket(s3_endpoint, "reviews-raw")
+    make_bucket(s3_endpoint, "reviews-vectors")
+    upload(REVIEWS, "s3://reviews-raw/reviews/part-0.parquet")
+    monkeypatch.chdir(REPO)
+    result = run("validate", "jobs/reviews-s3.yaml", "--set", f"model.path={minilm}")
+    assert result.exit_code == 0, result.output
+    assert "checked model bert (6 layers, hidden 384); input 1 file, 600 rows" \
+        in result.stdout, result.stdout
+    assert keys("s3://reviews-vectors") == []  # validate writes nothing
 
 
 def test_input_prefix_is_listed_and_planned_like_the_local_folder(

@@ -17,6 +17,7 @@ from tests.conftest import (
     SYNTHETIC_LAYERS,
     SYNTHETIC_ROWS,
     SYNTHETIC_WIDTH,
+    headless,
     synthetic_store,
     write_table,
 )
@@ -200,3 +201,17 @@ def test_learning_curve_bad_sizes(store: pipeline.Store) -> None:
     result = CliRunner().invoke(main, ["probe", store.path, "--label", "label",
                                        "--learning-curve", "--curve-repeats", "0"])
     assert result.exit_code == 3 and "--curve-repeats: 0 must be at least 1" in result.stderr
+
+
+def test_probe_html_renders_in_headless_chromium_without_console_errors(
+        store: pipeline.Store, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    result = CliRunner().invoke(main, ["probe", store.path, "--label", "label", "--views",
+                                       "l1_mean,l2_mean", "--folds", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    page = out / "probe.html"
+    shown = headless(page, tmp_path, "--dump-dom")
+    assert '<tr class="best"><td>l2_mean</td>' in shown.stdout  # the best row, rendered
+    assert "<img" in shown.stdout and "Linear probe: label" in shown.stdout
+    console = [line for line in shown.stderr.splitlines() if "CONSOLE" in line]
+    assert not [line for line in console if "error" in line.lower()], console

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BertpipeError, InputError, ModelError
+from ..errors import InputError, ModelError, OptionError
 from ..extract.batching import plan_batches
 from ..extract.chunking import ChunkedPartition, Specials, chunk_partition, content_budget
 from ..extract.model import LoadedModel, load_model
@@ -56,12 +56,6 @@ STAT_TITLES = {
 WORD_PIECE_MARKERS = ("##", "Ġ", "▁")  # WordPiece continuation, byte-level BPE, SentencePiece
 
 
-class AttentionError(BertpipeError):
-    """A bad option of `bertpipe attention` (layer, head or chunk out of range)."""
-
-    exit_code = 2
-
-
 # ---- choosing layers, heads, rows ------------------------------------------------------
 
 def parse_indices(text: str | None, count: int, option: str) -> list[int]:
@@ -73,10 +67,10 @@ def parse_indices(text: str | None, count: int, option: str) -> list[int]:
         try:
             i = int(item.strip())
         except ValueError:
-            raise AttentionError(f"{option}: {item.strip()!r} is not an integer "
+            raise OptionError(f"{option}: {item.strip()!r} is not an integer "
                                  f"(comma-separated, e.g. 0,{count - 1})") from None
         if not -count <= i < count:
-            raise AttentionError(f"{option}: {i} is out of range; the model has {count} "
+            raise OptionError(f"{option}: {i} is out of range; the model has {count} "
                                  f"({-count}..{count - 1})")
         chosen.append(i % count)
     return sorted(set(chosen))
@@ -216,7 +210,7 @@ def attention_for_row(job: Job, wanted_id: str, layers: str | None = None,
     if n_chunks == 0:
         raise InputError(f"--id {wanted_id}: row {row} has an empty text; nothing to encode")
     if not 0 <= chunk < n_chunks:
-        raise AttentionError(f"--chunk: {chunk} is out of range; row {row} (id {wanted_id}) "
+        raise OptionError(f"--chunk: {chunk} is out of range; row {row} (id {wanted_id}) "
                              f"has {n_chunks} chunk{'s' if n_chunks > 1 else ''} "
                              f"(0..{n_chunks - 1})")
     ids = chunked.chunk_ids[chunk]
@@ -362,7 +356,7 @@ def summarize_heads(job: Job, sample: int = 100, seed: int = 0, layers: str | No
                     ) -> HeadSummary:
     """Per-head statistics over the first chunk of a fixed-seed sample of input rows."""
     if sample < 1:
-        raise AttentionError(f"--sample: {sample} must be at least 1")
+        raise OptionError(f"--sample: {sample} must be at least 1")
     model = model or EagerAttention(job)
     chosen_layers = parse_indices(layers, model.n_layers, "--layers")
     chosen_heads = parse_indices(heads, model.n_heads, "--heads")

@@ -33,6 +33,7 @@ def describe(store: Store) -> str:
         if post:
             text += f", post {post.method} (fitted on {post.fitted_rows} rows)"
         lines.append(f"  {name:<12} width {docs[name].shape[1]:<5} {text}")
+    lines.extend(_token_view_lines(store))
     lines.extend(_chunk_lines(store))
     model = prov.model
     lines += [
@@ -53,6 +54,23 @@ def _view_text(spec: ViewSpec) -> str:
     if spec.normalize:
         text += ", normalized"
     return text
+
+
+def _token_view_lines(store: Store) -> list[str]:
+    """Token views (pooling: tokens) and the size of the tokens level."""
+    data = store.token_dataset
+    if data is None or not store.token_views:
+        return []
+    lines = []
+    for name in store.token_views:
+        spec = store.provenance.view_spec(name)
+        text = _view_text(spec) if spec else ""
+        lines.append(f"  {name:<12} width {data[name].shape[1]:<5} {text}")
+    n = int(data.sizes.get("piece", 0))
+    per_doc = np.asarray(store.docs["token_count"].values)
+    lines.append(f"tokens     {n} stored (special tokens left out, each token once), "
+                 f"per document max {int(per_doc.max()) if len(per_doc) else 0}")
+    return lines
 
 
 def _chunk_lines(store: Store) -> list[str]:

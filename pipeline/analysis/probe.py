@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..errors import BertpipeError, OptionError
+from ..errors import InputError, OptionError
 from ..stores.opened import StoreData as Store
 
 LINEAR_POOLINGS = ("mean", "cls", "attention", "last")
@@ -33,8 +33,9 @@ CURVE_START = 50  # learning curve: first size; then doubling up to the whole tr
 MIN_PER_CLASS = 3  # a subsample keeps this many rows of every class (inner 3-fold CV)
 
 
-class ProbeError(BertpipeError):
-    exit_code = 3
+class ProbeError(InputError):
+    """The labels cannot be probed (missing, constant, too few per class, unmatched ids):
+    an input problem, exit 3."""
 
 
 @dataclass
@@ -186,6 +187,9 @@ def run_probe(store: Store, labels: pd.Series, views: Sequence[str] | None = Non
     y, classes = _encode_labels(y_raw, task, folds)
     folds = _folds_for(y, task, folds)
     names = list(views or store.views)
+    if not names:
+        raise ProbeError(f"{store.path}: no document vectors to probe (token views only: "
+                         f"{', '.join(store.token_views)}); add a pooled view to the job")
     if learning_curve:  # refuse bad sizes before any fitting
         _check_curve_options(curve_sizes, curve_repeats, _min_curve_size(y, task))
     results, curves = [], []

@@ -37,6 +37,9 @@ class QueryEncoder:
     """Encodes texts into a store's view: its job, model and post-processing."""
 
     def __init__(self, store: Store, view: str):
+        if view in store.token_views:
+            raise StoreError(f"--view: {view!r} is a token view (pooling: tokens): it has no "
+                             f"document vectors to search; views: {', '.join(store.views)}")
         if view not in store.views:
             raise StoreError(f"--view: {view!r} is not a view of {store.path}; views: "
                              f"{', '.join(store.views)}")
@@ -108,6 +111,9 @@ def search(store: Store, texts: Sequence[str], view: str | None = None, k: int =
     blank = [i for i, t in enumerate(texts) if not isinstance(t, str) or not t.strip()]
     if blank:
         raise OptionError(f"query {blank[0]}: the query text is empty")
+    if view is None and not store.views:
+        raise StoreError(f"{store.path}: no document vectors to search (token views only: "
+                         f"{', '.join(store.token_views)}); add a pooled view to the job")
     view = view or store.views[0]
     return top_k(store, QueryEncoder(store, view).encode(texts), view, k, level, exact)
 

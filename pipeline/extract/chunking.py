@@ -72,6 +72,14 @@ class ChunkedPartition:
     n_unk: np.ndarray  # (N,) unknown-token ids among the content tokens
     n_words: np.ndarray  # (N,) words: the tokenizer's pre-tokens
     n_fragmented: np.ndarray  # (N,) words cut into FRAGMENTED_PIECES or more pieces
+    # (M,) the chunk's content tokens as a range [tok_start, tok_end) of its document's
+    # tokens, overlap included
+    chunk_tok_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    chunk_tok_end: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # (N,) per document its content token ids (T_i,) and character offsets (T_i, 2); kept
+    # only when asked (token views), else empty
+    doc_token_ids: list[np.ndarray] = field(default_factory=list, repr=False)
+    doc_offsets: list[np.ndarray] = field(default_factory=list, repr=False)
 
     @cached_property
     def chunk_n_tokens(self) -> np.ndarray:
@@ -111,8 +119,10 @@ def content_budget(spec: ChunkingSpec, model_max_tokens: int | None, max_positio
 
 
 def chunk_partition(texts: Sequence[str | None], tokenizer: Any, spec: ChunkingSpec,
-                    budget: int, specials: Specials) -> ChunkedPartition:
-    """Tokenize every text once and cut it into chunks according to `spec.strategy`."""
+                    budget: int, specials: Specials, keep_tokens: bool = False
+                    ) -> ChunkedPartition:
+    """Tokenize every text once and cut it into chunks according to `spec.strategy`;
+    `keep_tokens` also keeps each document's token ids and offsets (token views)."""
     present = [i for i, t in enumerate(texts) if isinstance(t, str) and t.strip()]
     encodings = tokenizer([texts[i] for i in present], add_special_tokens=False,
                           return_offsets_mapping=True, return_attention_mask=False,
@@ -125,6 +135,10 @@ def chunk_partition(texts: Sequence[str | None], tokenizer: Any, spec: ChunkingS
     truncated = np.zeros(n, bool)
     status = [STATUS_EMPTY] * n
     docs, seqs, starts, ends, ids_out = [], [], [], [], []
+    tok_starts, tok_ends = [], []
+    no_tokens = np.zeros(0, np.int64)
+    doc_ids = [no_tokens] * n if keep_tokens else []
+    doc_offsets = [no_tokens.reshape(0, 2)] * n if keep_tokens else []
     for i, ids, offsets in zip(present, encodings["input_ids"], encodings["offset_mapping"],
                                strict=True):
         if not ids:  # only characters the tokenizer drops: nothing to encode
@@ -137,11 +151,16 @@ def chunk_partition(texts: Sequence[str | None], tokenizer: Any, spec: ChunkingS
         n_chunks[i] = len(spans)
         n_covered[i] = spans[-1].tok_end  # own token ranges tile [0, last end)
         truncated[i] = n_covered[i] < len(ids)
+        if keep_tokens:
+            doc_ids[i] = np.asarray(ids, np.int64)
+            doc_offsets[i] = np.asarray(offsets, np.int64).reshape(-1, 2)
         for seq, s in enumerate(spans):
             docs.append(i)
             seqs.append(seq)
             starts.append(s.start)
             ends.append(s.end)
+            tok_starts.append(s.tok_start)
+            tok_ends.append(s.tok_end)
             ids_out.append([*specials.prefix, *ids[s.tok_start : s.tok_end], *specials.suffix])
     n_unk, n_words, n_fragmented = vocabulary_counts(encodings, present, n, tokenizer)
     return ChunkedPartition(
@@ -150,6 +169,9 @@ def chunk_partition(texts: Sequence[str | None], tokenizer: Any, spec: ChunkingS
         chunk_doc=np.asarray(docs, np.int64), chunk_seq=np.asarray(seqs, np.int64),
         chunk_start=np.asarray(starts, np.int64), chunk_end=np.asarray(ends, np.int64),
         chunk_ids=ids_out, n_unk=n_unk, n_words=n_words, n_fragmented=n_fragmented,
+        chunk_tok_start=np.asarray(tok_starts, np.int64),
+        chunk_tok_end=np.asarray(tok_ends, np.int64),
+        doc_token_ids=doc_ids, doc_offsets=doc_offsets,
     )
 
 

@@ -3,14 +3,16 @@
 One forward pass per batch serves every view. Hidden states are requested only when a
 view needs a layer other than the last one run; the [CLS] attention row for attention
 pooling is recomputed from the last block's input for query position 0 only, so the
-model keeps its fast (SDPA) attention kernel.
+model keeps its fast (SDPA) attention kernel. A token view (`pooling: tokens`) is the
+other output kind: instead of one vector per sequence it returns the rows of the
+positions each sequence keeps (its own content tokens), flat in input order.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +27,9 @@ from .views import ForwardNeeds, PoolContext, ResolvedView
 
 
 class Encoder:
+    # on_batch(batches done, batches planned) after each forward pass: progress only
+    on_batch: Callable[[int, int], None] | None = None
+
     def __init__(self, model: LoadedModel, views: Sequence[ResolvedView], needs: ForwardNeeds):
         self.model = model
         self.views = list(views)
@@ -37,18 +42,44 @@ class Encoder:
         if needs.cls_attention:
             self._cls_attention = _ClsAttention(model)
 
-    def encode(self, sequences: Sequence[Sequence[int]], batching: BatchingSpec
-               ) -> dict[str, np.ndarray]:
-        """Vectors for every sequence (ids incl. special tokens), in input order."""
-        out = {v.name: np.empty((len(sequences), v.width), np.float32) for v in self.views}
+    def encode(self, sequences: Sequence[Sequence[int]], batching: BatchingSpec,
+               keep: Sequence[tuple[int, int]] | None = None) -> dict[str, np.ndarray]:
+        """Vectors for every sequence (ids incl. special tokens), in input order.
+
+        A pooled view gives (M, width). A token view gives (K, width): the rows at
+        positions keep[i] = [lo, hi) of each sequence i, concatenated in input order
+        (every position when `keep` is None).
+        """
+        n = len(sequences)
+        out = {v.name: np.empty((n, v.width), np.float32)
+               for v in self.views if not v.per_token}
+        token_views = [v for v in self.views if v.per_token]
+        spans = list(keep) if keep is not None else [(0, len(s)) for s in sequences]
+        sizes = np.fromiter((hi - lo for lo, hi in spans), np.int64, n)
+        starts = np.concatenate([[0], np.cumsum(sizes)])  # (M + 1,) row of each sequence
+        out.update({v.name: np.empty((int(starts[-1]), v.width), np.float32)
+                    for v in token_views})
         lengths = [len(s) for s in sequences]
-        for idx in plan_batches(lengths, batching.max_tokens_per_batch, batching.max_batch_size):
-            vectors = self.encode_batch([sequences[i] for i in idx])
+        batches = plan_batches(lengths, batching.max_tokens_per_batch, batching.max_batch_size)
+        for done, idx in enumerate(batches, 1):
+            vectors = self.encode_batch([sequences[i] for i in idx],
+                                        [spans[i] for i in idx] if token_views else None)
+            for v in token_views:  # the batch's rows, sequence after sequence
+                rows = vectors.pop(v.name)
+                at = 0
+                for i in idx:
+                    out[v.name][starts[i] : starts[i + 1]] = rows[at : at + sizes[i]]
+                    at += int(sizes[i])
             for name, arr in vectors.items():
                 out[name][idx] = arr
+            if self.on_batch:
+                self.on_batch(done, len(batches))
         return out
 
-    def encode_batch(self, sequences: Sequence[Sequence[int]]) -> dict[str, np.ndarray]:
+    def encode_batch(self, sequences: Sequence[Sequence[int]],
+                     keep: Sequence[tuple[int, int]] | None = None) -> dict[str, np.ndarray]:
+        """One padded batch: (B, width) per pooled view; per token view the rows
+        keep[b] = [lo, hi) of each sequence, concatenated (every position when None)."""
         ids, mask = self._pad(sequences)  # (B, T)
         with torch.inference_mode():
             with self._capture_attention() as capture:
@@ -62,8 +93,15 @@ class Encoder:
                 cls_attention=capture(bool_mask) if capture else None,
                 pooler=self.model.pooler if self.needs.pooler else None,
             )
-            return {v.name: v.compute(states, bool_mask, ctx).float().cpu().numpy()
-                    for v in self.views}
+            out = {}
+            rows: tuple[torch.Tensor, torch.Tensor] | None = None
+            for v in self.views:
+                computed = v.compute(states, bool_mask, ctx)
+                if v.per_token:  # (B, T, width) -> (K, width), kept rows only
+                    rows = rows or _kept_rows(keep, [len(s) for s in sequences], ids.device)
+                    computed = computed[rows]
+                out[v.name] = computed.float().cpu().numpy()
+            return out
 
     def _pad(self, sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         longest = max(len(s) for s in sequences)
@@ -136,6 +174,15 @@ class _ClsAttention:
         scores = torch.einsum("bnh,bth->bnt", u, h) / math.sqrt(d_head)
         scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
         return torch.softmax(scores, dim=-1).mean(1)  # (B, T)
+
+
+def _kept_rows(keep: Sequence[tuple[int, int]] | None, lengths: Sequence[int],
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(batch index, position) of every kept token, sequence after sequence."""
+    spans = keep if keep is not None else [(0, n) for n in lengths]
+    batch = [torch.full((hi - lo,), b, dtype=torch.long) for b, (lo, hi) in enumerate(spans)]
+    pos = [torch.arange(lo, hi, dtype=torch.long) for lo, hi in spans]
+    return torch.cat(batch).to(device), torch.cat(pos).to(device)
 
 
 def _f(t: torch.Tensor | None) -> torch.Tensor | None:

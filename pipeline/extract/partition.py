@@ -6,7 +6,7 @@ worker's loaded model, so a retried or resumed task writes the same bits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -15,8 +15,10 @@ from ..spec import Job
 from .aggregate import aggregate_chunks
 from .chunking import ChunkedPartition, Specials, chunk_partition, content_budget
 from .encode import Encoder
-from .model import LoadedModel, load_config, load_model
+from .model import LoadedModel, load_config
+from .runtime import Runtime, load_encoder
 from .source import Partition, read_partition
+from .tokens import kept_positions, token_columns, token_counts
 from .views import ForwardNeeds, ResolvedView, forward_needs, resolve_views
 
 
@@ -26,6 +28,8 @@ class PartTables:
     #               n_words, n_fragmented, views...
     chunks: pa.Table | None  # doc, seq, start, end, n_tokens, views... (None: not stored)
     stats: dict[str, int]  # n_chunks, n_tokens (in documents), n_covered, n_encoded
+    # doc, id, position, token_id, token, start, end, token views... (None: no token view)
+    tokens: pa.Table | None = None
 
 
 class Extractor:
@@ -38,25 +42,29 @@ class Extractor:
         self.views: list[ResolvedView] = resolve_views(job.views, n_layers,
                                                        int(config.hidden_size))
         self.needs: ForwardNeeds = forward_needs(self.views, n_layers)
-        self.model: LoadedModel = load_model(job.model, keep_layers=self.needs.blocks_to_run,
-                                             need_pooler=self.needs.pooler,
-                                             need_cls_attention=self.needs.cls_attention)
-        self.encoder = Encoder(self.model, self.views, self.needs)
+        self.model: LoadedModel
+        self.encoder: Encoder
+        self.runtime: Runtime  # torch or openvino, and the dtype it computes in
+        self.model, self.encoder, self.runtime = load_encoder(job.model, config, self.views,
+                                                              self.needs)
         self.specials = Specials.from_tokenizer(self.model.tokenizer)
         self.budget = content_budget(job.chunking, job.model.max_tokens,
                                      self.model.max_positions, self.specials)
 
     def encode_texts(self, texts: list[str | None]) -> EncodedTexts:
         """Chunk, encode and aggregate texts: the whole pipeline minus reading and writing."""
+        per_token = {v.name for v in self.views if v.per_token}
         chunked = chunk_partition(texts, self.model.tokenizer, self.job.chunking,
-                                  self.budget, self.specials)
-        chunk_vectors = self.encoder.encode(chunked.chunk_ids, self.job.batching)
+                                  self.budget, self.specials, keep_tokens=bool(per_token))
+        keep = kept_positions(chunked, len(self.specials.prefix)) if per_token else None
+        vectors = self.encoder.encode(chunked.chunk_ids, self.job.batching, keep)
+        token_vectors = {name: vectors.pop(name) for name in per_token}
         chunk_tokens = chunked.chunk_n_tokens
         doc_vectors = {
-            name: aggregate_chunks(vectors, chunked.chunk_doc, chunk_tokens, len(texts),
+            name: aggregate_chunks(v, chunked.chunk_doc, chunk_tokens, len(texts),
                                    self.job.chunking.aggregate)
-            for name, vectors in chunk_vectors.items()}
-        return EncodedTexts(chunked, chunk_vectors, doc_vectors)
+            for name, v in vectors.items()}
+        return EncodedTexts(chunked, vectors, doc_vectors, token_vectors)
 
     def run(self, part: Partition) -> PartTables:
         rows = read_partition(self.job.input, part)
@@ -77,6 +85,16 @@ class Extractor:
             "n_fragmented": pa.array(chunked.n_fragmented),
             **{name: vector_array(v, dtype) for name, v in encoded.docs.items()},
         }
+        tokens = None
+        if encoded.tokens:
+            counts = token_counts(chunked)
+            # offsets from this partition's first token; the commit makes them store-wide
+            docs["token_offset"] = pa.array(np.cumsum(counts) - counts)
+            docs["token_count"] = pa.array(counts)
+            tokens = pa.table({
+                **token_columns(chunked, self.model.tokenizer, part.row_start, rows.ids),
+                **{name: vector_array(v, dtype) for name, v in encoded.tokens.items()},
+            })
         chunks = None
         if "chunks" in self.job.output.levels:
             chunks = pa.table({
@@ -93,7 +111,9 @@ class Extractor:
             "n_covered": int(chunked.n_covered.sum()),
             "n_encoded": int(chunk_tokens.sum()),  # special tokens and overlap included
         }
-        return PartTables(pa.table(docs), chunks, stats)
+        if tokens is not None:
+            stats["n_stored_tokens"] = tokens.num_rows
+        return PartTables(pa.table(docs), chunks, stats, tokens)
 
 
 @dataclass
@@ -101,6 +121,8 @@ class EncodedTexts:
     chunked: ChunkedPartition
     chunks: dict[str, np.ndarray]  # view -> (M, D)
     docs: dict[str, np.ndarray]  # view -> (N, D), NaN rows for empty texts
+    # token view -> (K, D): every covered token of every document, in document order
+    tokens: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def vector_array(vectors: np.ndarray, dtype: str) -> pa.FixedSizeListArray:

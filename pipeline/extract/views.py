@@ -18,6 +18,11 @@ Pooling (mask excludes padding everywhere, inputs are never modified):
     max        max_t over non-padding tokens, per dimension
     attention  Σ_t a_t h_t, a = last block's [CLS] attention row, averaged over heads
     last       h at the last non-padding token
+
+Output kinds: every pooling above gives one vector per sequence, (B, width). `tokens` is
+the other kind: no pooling, the combined states themselves (B, T, width); the encoder
+keeps each chunk's own content tokens (no special tokens, no padding) and returns them
+flat, (tokens kept, width).
 """
 
 from __future__ import annotations
@@ -125,11 +130,23 @@ POOLINGS: dict[str, Callable[[Tensor, Tensor, PoolContext], Tensor]] = {
 }
 
 
+def keep_tokens(h: Tensor, mask: Tensor, ctx: PoolContext) -> Tensor:
+    """(B, T, H) as given: which rows are kept is the encoder's business (chunk context)."""
+    return h
+
+
+# Outputs of the per-token kind: (B, T, H) instead of (B, H); see the module docstring.
+TOKEN_OUTPUTS: dict[str, Callable[[Tensor, Tensor, PoolContext], Tensor]] = {
+    "tokens": keep_tokens,
+}
+
+
 def get_pooling(name: str) -> Callable[[Tensor, Tensor, PoolContext], Tensor]:
-    try:
-        return POOLINGS[name]
-    except KeyError:
-        raise JobError(f"pooling: unknown {name!r}; valid: {', '.join(POOLINGS)}") from None
+    found = POOLINGS.get(name) or TOKEN_OUTPUTS.get(name)
+    if found is None:
+        valid = ", ".join([*POOLINGS, *TOKEN_OUTPUTS])
+        raise JobError(f"pooling: unknown {name!r}; valid: {valid}")
+    return found
 
 
 def get_combine(name: str) -> Callable[[Sequence[Tensor], Tensor | None, float], Tensor]:
@@ -157,8 +174,13 @@ class ResolvedView:
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def per_token(self) -> bool:
+        """(B, T, width) per batch instead of (B, width): see `TOKEN_OUTPUTS`."""
+        return self.spec.pooling in TOKEN_OUTPUTS
+
     def compute(self, states: dict[int, Tensor], mask: Tensor, ctx: PoolContext) -> Tensor:
-        """(B, width) float32 vectors for one batch."""
+        """(B, width) float32 vectors for one batch; (B, T, width) for a token view."""
         selected = [states[i] for i in self.layers]
         weights = None if self.weights is None else self.weights.to(selected[0].device)
         combined = self.combine(selected, weights, self.spec.gamma)

@@ -39,6 +39,9 @@ def fit_view(fmt: StoreFormat, path: str, docs: xr.Dataset, has_chunks: bool,
 def postprocess(store_path: str, view: str, spec: PostSpec, name: str | None = None) -> str:
     """Add view `name` (default VIEW_METHOD) = `spec` fitted on `view` to a complete store."""
     store = open_store_data(store_path)
+    if view in store.token_views:
+        raise StoreError(f"--view: {view!r} is a token view (pooling: tokens); geometry fixes "
+                         "are fitted on document vectors")
     if view not in store.views:
         raise StoreError(f"--view: {view!r} is not a view of {store_path}; views: "
                          f"{', '.join(store.views)}")

@@ -32,9 +32,18 @@ from ..extract.source import Partition
 from ..spec import Job
 from ..stores import Staging
 from ..stores.fs import register_options
-from .executors import Encoded, Failures, OnDone, encode_partition, failure_reason, stage_partition
+from .executors import (
+    Encoded,
+    Failures,
+    OnBatch,
+    OnDone,
+    encode_partition,
+    failure_reason,
+    stage_partition,
+)
 
 log = logging.getLogger(__name__)
+PROGRESS_TOPIC = "bertpipe-progress"
 
 
 class ExtractorPlugin(WorkerPlugin):
@@ -74,11 +83,18 @@ class ExtractorPlugin(WorkerPlugin):
     def run(self, part: Partition, store_path: str, fingerprint: str) -> dict[str, Any]:
         """{"marker": ...}, or {"setup_error": exc} when the model cannot serve the job, or
         {"error": exc} when this partition cannot be done (see the module docstring)."""
-        from distributed import secede
+        from distributed import get_worker, secede
 
         assert self.encoder is not None and self.writing is not None  # set in setup
+        worker = get_worker()  # captured here: the encoder thread is not a task thread
+
+        def publish_batches(part: Partition, done: int, total: int) -> None:
+            """A batch's progress as a worker event (thread-safe); the client subscribes."""
+            worker.log_event(PROGRESS_TOPIC, {"index": part.index, "done": done, "total": total})
+
         try:
-            encoded = self.encoder.submit(self._encode, part, fingerprint).result()
+            encoded = self.encoder.submit(self._encode, part, fingerprint,
+                                          publish_batches).result()
         except _ModelUnusable as exc:
             return {"setup_error": exc.error}
         except BertpipeError as exc:
@@ -90,7 +106,7 @@ class ExtractorPlugin(WorkerPlugin):
             except BertpipeError as exc:
                 return {"error": exc}
 
-    def _encode(self, part: Partition, fingerprint: str) -> Encoded:
+    def _encode(self, part: Partition, fingerprint: str, on_batch: OnBatch) -> Encoded:
         """In the encoder thread: the model (loaded by the first partition) on `part`."""
         import torch
 
@@ -102,7 +118,7 @@ class ExtractorPlugin(WorkerPlugin):
                 self._extractor = Extractor(self.job)
             except BertpipeError as exc:
                 raise _ModelUnusable(exc) from None
-        return encode_partition(self._extractor, part, fingerprint)
+        return encode_partition(self._extractor, part, fingerprint, on_batch)
 
 
 class _ModelUnusable(Exception):
@@ -127,6 +143,7 @@ class DaskExecutor:
         self.scheduler = scheduler
         self.workers = workers
         self.threads_per_worker = threads_per_worker  # torch threads; None: the worker's own
+        self.on_batch: OnBatch | None = None  # per-batch progress, from worker events
         self.say = say
         self.dashboard: str | None = None
         self._remote: Any = None  # the client of a remote scheduler, while entered
@@ -165,6 +182,16 @@ class DaskExecutor:
                  + (f", dashboard {self.dashboard}" if self.dashboard else ""))
         name = f"bertpipe-{fingerprint[:16]}"
         client.register_plugin(ExtractorPlugin(job, name, torch_threads), name=name)
+        if self.on_batch is not None:
+            by_index = {p.index: p for p in parts}
+            on_batch = self.on_batch
+
+            def show(event: tuple[float, dict[str, int]]) -> None:
+                msg = event[1]
+                if msg.get("index") in by_index:
+                    on_batch(by_index[msg["index"]], int(msg["done"]), int(msg["total"]))
+
+            client.subscribe_topic(PROGRESS_TOPIC, show)
         resources = {"GPU": 1} if _wants_gpu(client, job) else None
         futures = {
             client.submit(_partition_task, part, job.output.path, fingerprint, name,

@@ -26,6 +26,8 @@ from ..stores import Staging
 from ..stores.fs import scrub
 
 # on_done(partition, marker) once per finished partition: progress and bookkeeping.
+# on_batch(partition, batches done, batches planned) after each forward pass: progress only.
+OnBatch = Callable[[Partition, int, int], None]
 OnDone = Callable[[Partition, dict[str, Any]], None]
 Failures = list[tuple[Partition, str]]
 
@@ -56,9 +58,12 @@ class Encoded:
     marker: dict[str, Any]
 
 
-def encode_partition(extractor: Extractor, part: Partition, fingerprint: str) -> Encoded:
+def encode_partition(extractor: Extractor, part: Partition, fingerprint: str,
+                     on_batch: OnBatch | None = None) -> Encoded:
     """Read, chunk, encode and pool one partition (nothing written)."""
     start = time.perf_counter()
+    extractor.encoder.on_batch = (lambda done, total: on_batch(part, done, total)) \
+        if on_batch else None
     tables = extractor.run(part)
     marker = {
         "fingerprint": fingerprint,
@@ -66,10 +71,12 @@ def encode_partition(extractor: Extractor, part: Partition, fingerprint: str) ->
         "input": part.footer_sha256,
         **tables.stats,
         "device": str(extractor.model.device),
-        "dtype": str(extractor.model.compute_dtype).removeprefix("torch."),
+        "dtype": extractor.runtime.dtype,
+        "runtime": extractor.runtime.name,
         "seconds": time.perf_counter() - start,
     }
-    return Encoded(part, {"docs": tables.docs, "chunks": tables.chunks}, marker)
+    return Encoded(part, {"docs": tables.docs, "chunks": tables.chunks,
+                                  "tokens": tables.tokens}, marker)
 
 
 def stage_partition(staging: Staging, encoded: Encoded) -> dict[str, Any]:
@@ -96,8 +103,9 @@ class InProcessExecutor:
     a partition is written to the store by a second thread while the next one encodes
     (one write in flight: memory stays bounded by two partitions)."""
 
-    def __init__(self, extractor: Extractor | None = None):
+    def __init__(self, extractor: Extractor | None = None, on_batch: OnBatch | None = None):
         self.extractor = extractor
+        self.on_batch = on_batch
 
     def __enter__(self) -> InProcessExecutor:
         return self
@@ -128,7 +136,7 @@ class InProcessExecutor:
         with ThreadPoolExecutor(1, thread_name_prefix="bertpipe-write") as writer:
             for part in parts:
                 try:
-                    encoded = encode_partition(extractor, part, fingerprint)
+                    encoded = encode_partition(extractor, part, fingerprint, self.on_batch)
                 except Exception as exc:  # noqa: BLE001 - reported per partition
                     failures.append((part, failure_reason(exc)))
                     continue

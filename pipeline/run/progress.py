@@ -24,8 +24,13 @@ LOG_EVERY_S = 10.0
 
 
 class Progress:
-    def __init__(self, interactive: bool | None = None):
+    """Rows done (finished partitions, plus the share of batches done in running ones),
+    tokens/s and time; `quiet` keeps only warnings and errors (printed elsewhere)."""
+
+    def __init__(self, interactive: bool | None = None, quiet: bool = False):
         self.interactive = sys.stderr.isatty() if interactive is None else interactive
+        self.quiet = quiet
+        self.running: dict[int, float] = {}  # partition index -> rows done in it (estimated)
         self.rows = 0
         self.tokens = 0
         self.total_rows = 0
@@ -45,6 +50,8 @@ class Progress:
     def message(self, text: str) -> None:
         """One line on stderr; off a terminal it starts with an ISO timestamp, so a
         scheduler's log keeps when each step happened."""
+        if self.quiet:
+            return
         if not self.interactive:
             text = f"{datetime.now().astimezone().isoformat(timespec='seconds')} {text}"
         print(text, file=sys.stderr, flush=True)
@@ -57,7 +64,7 @@ class Progress:
                      f" rows, {len(parts)} partitions, {len(pending)} to run")
         if skipped:
             self.message(f"resuming: {skipped} of {len(parts)} partitions already done")
-        if self.interactive and pending:
+        if self.interactive and pending and not self.quiet:
             self._bar = RichProgress(
                 TextColumn("encoding"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("rows {task.fields[rate]}"), TimeElapsedColumn(),
@@ -66,13 +73,26 @@ class Progress:
             self._bar.start()
         self.started = time.perf_counter()
 
+    def batch_done(self, part: Partition, done: int, total: int) -> None:
+        """A forward pass of a running partition: its rows count in proportion to its
+        batches, so the bar and its ETA move long before the first partition ends."""
+        self.running[part.index] = part.n_rows * done / max(total, 1)
+        self._show(final=False)
+
     def partition_done(self, part: Partition, marker: dict[str, Any]) -> None:
+        self.running.pop(part.index, None)
         self.rows += part.n_rows
         self.tokens += int(marker["n_tokens"])
+        self._show(final=self.rows == self.total_rows)
+
+    def _show(self, final: bool) -> None:
+        rows = self.rows + int(sum(self.running.values()))
         elapsed = max(time.perf_counter() - self.started, 1e-9)
-        rate = f"{self.tokens / elapsed:,.0f} tokens/s"
+        # tokens are known per finished partition; before the first one, rows/s
+        rate = (f"{self.tokens / elapsed:,.0f} tokens/s" if self.tokens
+                else f"{rows / elapsed:,.1f} rows/s")
         if self._bar is not None:
-            self._bar.update(self._task, completed=self.rows, rate=rate)
-        elif elapsed - self._last_log >= LOG_EVERY_S or self.rows == self.total_rows:
+            self._bar.update(self._task, completed=rows, rate=rate)
+        elif elapsed - self._last_log >= LOG_EVERY_S or final:
             self._last_log = elapsed
-            self.message(f"{self.rows}/{self.total_rows} rows, {rate}, {elapsed:.0f}s")
+            self.message(f"{rows}/{self.total_rows} rows, {rate}, {elapsed:.0f}s")

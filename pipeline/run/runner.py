@@ -28,7 +28,7 @@ from ..stores import Layout, Staging, format_named
 from ..stores.fs import check_reachable, register_options, resolve, storage_errors
 from ..stores.provenance import FORMAT_VERSION, InputFile, ModelInfo, Provenance
 from ..version import __version__
-from .executors import Executor, InProcessExecutor, OnDone
+from .executors import Executor, InProcessExecutor, OnBatch, OnDone
 from .output import OutputSession, Plan, assess, check_output_location
 
 log = logging.getLogger(__name__)
@@ -187,6 +187,8 @@ def commit_store(job: Job, staging: Staging, parts: Sequence[Partition],
         n_docs=parts[-1].row_stop,
         n_chunks=sum(m["n_chunks"] for m in markers),
         has_chunks="chunks" in job.output.levels,
+        n_tokens=sum(m.get("n_stored_tokens", 0) for m in markers),
+        has_tokens=bool(job.token_views),
     )
     provenance = replace(build_provenance(job, markers, model, fingerprint),
                          input_identity=identity)
@@ -217,9 +219,10 @@ def build_provenance(job: Job, markers: Sequence[dict[str, Any]], model: dict[st
         job=job,
         model=ModelInfo(**model),
         versions={"bertpipe": __version__, "torch": torch.__version__,
-                  "transformers": transformers.__version__},
+                  "transformers": transformers.__version__, **runtime_versions(markers)},
         device=sorted({m["device"] for m in markers}),
         dtype=sorted({m["dtype"] for m in markers}),
+        runtime=sorted({m.get("runtime", "torch") for m in markers}),
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         stats={
             "rows": sum(m["rows"][1] - m["rows"][0] for m in markers),
@@ -229,19 +232,33 @@ def build_provenance(job: Job, markers: Sequence[dict[str, Any]], model: dict[st
             "tokens_encoded": sum(m["n_encoded"] for m in markers),
             "partitions": len(markers),
             "partition_seconds": round(sum(m["seconds"] for m in markers), 3),
+            **({"tokens_stored": sum(m["n_stored_tokens"] for m in markers)}
+               if job.token_views else {}),
         },
         complete=False,
     )
 
 
-def executor_for(job: Job, say: Callable[[str], None] = log.info) -> Executor:
+def runtime_versions(markers: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Versions of the optional runtimes that ran partitions (torch is always recorded)."""
+    from importlib.metadata import version
+
+    used = {m.get("runtime", "torch") for m in markers} - {"torch"}
+    return {name: version(name) for name in sorted(used)}
+
+
+def executor_for(job: Job, say: Callable[[str], None] = log.info,
+                 on_batch: OnBatch | None = None) -> Executor:
     """In-process for `synchronous`, else Dask (imported only then: it is slow to import)."""
     scheduler = job.execution.scheduler
     if scheduler == "synchronous":
-        return InProcessExecutor()
+        return InProcessExecutor(on_batch=on_batch)
     if scheduler != "local" and "://" not in scheduler:
         raise JobError(f"execution.scheduler: {scheduler!r} is not local, synchronous or a "
                        "scheduler address like tcp://host:8786")
     from .dask_executor import DaskExecutor  # why here: importing distributed costs ~1 s
 
-    return DaskExecutor(scheduler, job.execution.workers, job.execution.threads_per_worker, say)
+    executor = DaskExecutor(scheduler, job.execution.workers, job.execution.threads_per_worker,
+                            say)
+    executor.on_batch = on_batch
+    return executor

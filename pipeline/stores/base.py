@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 if TYPE_CHECKING:  # typing only: staging imports nothing from here at run time
     import xarray as xr
@@ -25,6 +26,8 @@ class Layout:
     n_docs: int
     n_chunks: int
     has_chunks: bool
+    n_tokens: int = 0  # rows of the tokens level (stored tokens)
+    has_tokens: bool = False  # the job has a token view (pooling: tokens)
 
 
 class StoreFormat(Protocol):
@@ -43,6 +46,8 @@ class StoreFormat(Protocol):
                provenance: dict[str, Any]) -> None: ...
 
     def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]: ...
+
+    def open_tokens(self, path: str) -> xr.Dataset | None: ...
 
     def add_view(self, path: str, source: str, name: str,
                  fn: Callable[[np.ndarray], np.ndarray], levels: Sequence[str]) -> None: ...
@@ -75,3 +80,16 @@ def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
         column = column.combine_chunks()
     width = column.type.list_size
     return column.flatten().to_numpy(zero_copy_only=False).reshape(-1, width)
+
+
+def with_store_token_offsets(parts: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """Docs parts (in row order) with `token_offset` moved from the partition's first
+    token to the store's: each part's offsets plus the tokens of the parts before it."""
+    before = 0
+    for table in parts:
+        if "token_offset" in table.column_names:
+            local = table.column("token_offset").to_numpy()
+            table = table.set_column(table.column_names.index("token_offset"), "token_offset",
+                                     pa.array(local + before))
+            before += int(pc.sum(table.column("token_count")).as_py() or 0)
+        yield table

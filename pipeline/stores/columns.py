@@ -41,6 +41,8 @@ def has_nulls(meta: pq.FileMetaData, column: str) -> bool:
     if index is None:
         return False
     for g in range(meta.num_row_groups):
+        if meta.row_group(g).num_rows == 0:  # an empty part (no text): nothing to be null
+            continue
         stats = meta.row_group(g).column(index).statistics
         if stats is None or not stats.has_null_count or stats.null_count:
             return True

@@ -11,6 +11,7 @@ silently different values, never bytes a decompressor may choke on.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import struct
 from collections.abc import Iterable, Mapping
@@ -121,6 +122,11 @@ def sum_problem(rel: str, actual: FileSum | None, recorded: FileSum) -> str | No
     return None
 
 
+def _sum_of(buffer: Buffer) -> FileSum:
+    data = memoryview(buffer.as_buffer_like())
+    return FileSum(hashlib.sha256(data).hexdigest(), data.nbytes)
+
+
 class VerifiedStore(WrapperStore[Store]):
     """A Zarr store (local or fsspec) whose reads of recorded files are checked against their
     checksum first; a file that is missing, truncated or altered raises a StoreError naming
@@ -143,10 +149,8 @@ class VerifiedStore(WrapperStore[Store]):
         if recorded is None:
             return await self._store.get(key, prototype, byte_range)
         whole = await self._store.get(key, prototype, None)
-        actual = None
-        if whole is not None:
-            data = memoryview(whole.as_buffer_like())
-            actual = FileSum(hashlib.sha256(data).hexdigest(), data.nbytes)
+        # hashed in a thread (hashlib releases the GIL): chunks are checked in parallel
+        actual = None if whole is None else await asyncio.to_thread(_sum_of, whole)
         problem = sum_problem(key, actual, recorded)
         if problem:
             raise StoreError(f"{self._label}: {problem}; `bertpipe verify` checks the whole "

@@ -23,7 +23,9 @@ class StoreData:
 
     `docs`: one row per input row (dim `doc`, coordinate `id`), every view as a
     (doc, <view>_dim) variable; `chunks`: one row per chunk (dim `chunk`) or None when
-    the job stored documents only; `provenance`: the job, model and versions that made it.
+    the job stored documents only; `provenance`: the job, model and versions that made it;
+    `token_dataset`: one row per stored token (dim `token`), or None when the job has no
+    token view (pooling: tokens).
     """
 
     path: str
@@ -31,6 +33,7 @@ class StoreData:
     provenance: Provenance
     docs: xr.Dataset
     chunks: xr.Dataset | None
+    token_dataset: xr.Dataset | None = None
 
     @property
     def format(self) -> str:
@@ -40,6 +43,11 @@ class StoreData:
     def views(self) -> list[str]:
         """Extracted views, then views added by `bertpipe postprocess`."""
         return self.provenance.views
+
+    @property
+    def token_views(self) -> list[str]:
+        """Views with pooling: tokens (vectors in `token_dataset`, not in `docs`)."""
+        return self.provenance.token_views
 
     def level(self, level: str) -> xr.Dataset:
         data = self.docs if level == "docs" else self.chunks
@@ -88,4 +96,4 @@ def _open(path: str, require_complete: bool) -> StoreData:
     provenance = Provenance.from_dict(raw, path)
     check_sizes(fmt, path, raw)
     docs, chunks = fmt.open_datasets(path)
-    return StoreData(path, fmt, provenance, docs, chunks)
+    return StoreData(path, fmt, provenance, docs, chunks, fmt.open_tokens(path))

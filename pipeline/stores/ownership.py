@@ -24,11 +24,12 @@ from .lock import LOCK_NAME
 from .staging import STAGING_DIR
 
 OWN_ENTRIES = {
-    "zarr": {"zarr.json", "ids", "docs", "chunks", "post", "index", STAGING_DIR},
-    "parquet": {"docs", "chunks", "post", "index", STAGING_DIR},
+    "zarr": {"zarr.json", "ids", "docs", "chunks", "tokens", "post", "index", STAGING_DIR},
+    "parquet": {"docs", "chunks", "tokens", "post", "index", STAGING_DIR},
 }
-# files a run leaves while it writes: parquet parts before their rename, lock temporaries
-TEMPORARY = re.compile(r"^\.(docs|chunks)\.parquet\.[0-9a-f]{32}$")
+# files a run leaves while it writes: parquet parts before their rename (the tokens folder
+# too), lock temporaries
+TEMPORARY = re.compile(r"^\.((docs|chunks)\.parquet|tokens)\.[0-9a-f]{32}$")
 LOCK_FILES = re.compile(rf"^\.?{re.escape(LOCK_NAME)}(\.[0-9a-f]{{32}})?$")
 
 

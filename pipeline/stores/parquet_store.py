@@ -1,4 +1,5 @@
-"""Parquet store: a directory with one folder per table, `docs/` and `chunks/`.
+"""Parquet store: a directory with one folder per table, `docs/`, `chunks/` and, for token
+views, `tokens/` (one part file per partition, in row order).
 
 Each folder is a dataset on its own (`docs/part-0.parquet`), so `store/docs/*.parquet`
 is what DuckDB, polars, pandas and `pyarrow.dataset` read, with one schema. Views are
@@ -29,7 +30,7 @@ import pyarrow.parquet as pq
 import xarray as xr
 
 from ..errors import StoreError
-from .base import Layout, column_matrix
+from .base import Layout, column_matrix, with_store_token_offsets
 from .columns import StoredColumns, has_nulls, numpy_dtype, to_numpy
 from .fs import Location, resolve
 from .integrity import file_sum, parquet_data_size
@@ -49,6 +50,7 @@ READ_ERRORS = (OSError, pa.ArrowException)
 
 def level_file(root: Location, level: str) -> Location:
     return root.child(level, PART)
+TOKENS_DIR = "tokens"
 
 
 def _write(file: Location, parts: Iterator[pa.Table], provenance: dict[str, Any] | None) -> None:
@@ -97,27 +99,7 @@ def _open(file: Location | str) -> pq.ParquetFile:
 
 def _dataset(file: Location, dim: str) -> xr.Dataset:
     """Every column as a dask array read lazily, one block per row group."""
-    pf = _open(file)
-    group_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
-    variables = {}
-    for field in pf.schema_arrow:
-        nulls = False
-        if pa.types.is_fixed_size_list(field.type):
-            width = field.type.list_size
-            dtype = np.dtype(field.type.value_type.to_pandas_dtype())
-            dims: tuple[str, ...] = (dim, f"{field.name}_dim")
-        else:
-            width, dims = 0, (dim,)
-            nulls = has_nulls(pf.metadata, field.name)
-            dtype = numpy_dtype(field.type, nulls)
-        blocks = [
-            da.from_delayed(dask.delayed(_read_block)(file.url, g, field.name, nulls),
-                            shape=(rows, width) if width else (rows,), dtype=dtype)
-            for g, rows in enumerate(group_rows)
-        ]
-        empty = np.empty((0, width) if width else (0,), dtype)
-        variables[field.name] = (dims, da.concatenate(blocks) if blocks else da.from_array(empty))
-    return xr.Dataset(variables)
+    return _parts_dataset([file], dim)
 
 
 def _read_block(file: str, group: int, column: str, nulls: bool) -> np.ndarray:
@@ -152,6 +134,43 @@ def _conformed(staging: Staging, level: str, layout: Layout) -> Iterator[pa.Tabl
     columns = StoredColumns.from_metadata(staging.part_schemas(level, layout.indices))
     for table in staging.read_parts(level, layout.indices):
         yield columns.conform(table)
+
+
+def _write_tokens(root: Location, staging: Staging, layout: Layout) -> None:
+    """`tokens/part-NNNNNN.parquet`, numbered in row order. Parts left by an interrupted
+    commit go first; the store is not complete until its provenance says so."""
+    tokens = root.child(TOKENS_DIR)
+    tokens.remove_tree()
+    for k, table in enumerate(_conformed(staging, "tokens", layout)):
+        _write(tokens.child(f"part-{k:06d}.parquet"), iter([table]), None)
+
+
+def _parts_dataset(files: Sequence[Location], dim: str) -> xr.Dataset:
+    """Every column of a folder of part files as dask arrays, one block per row group,
+    the files concatenated in the given order."""
+    blocks: dict[str, list[da.Array]] = {}
+    empty: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
+    for file in files:
+        pf = _open(file)
+        group_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
+        for field in pf.schema_arrow:
+            nulls = False
+            if pa.types.is_fixed_size_list(field.type):
+                width = field.type.list_size
+                dtype = np.dtype(field.type.value_type.to_pandas_dtype())
+                dims: tuple[str, ...] = (dim, f"{field.name}_dim")
+            else:
+                width, dims = 0, (dim,)
+                nulls = has_nulls(pf.metadata, field.name)
+                dtype = numpy_dtype(field.type, nulls)
+            empty.setdefault(field.name, (dims, np.empty((0, width) if width else (0,), dtype)))
+            blocks.setdefault(field.name, []).extend(
+                da.from_delayed(dask.delayed(_read_block)(file.url, g, field.name, nulls),
+                                shape=(rows, width) if width else (rows,), dtype=dtype)
+                for g, rows in enumerate(group_rows))
+    return xr.Dataset({
+        name: (dims, da.concatenate(blocks[name]) if blocks[name] else da.from_array(zero))
+        for name, (dims, zero) in empty.items()})
 
 
 def _metadata(file: Location) -> dict[str, Any] | None:
@@ -211,6 +230,8 @@ class ParquetFormat:
     def data_files(self, path: str) -> list[str]:
         root = resolve(path)
         files = [name for name in LEVEL_FILES if root.child(name).is_file()]
+        tokens = root.child(TOKENS_DIR).glob("part-*.parquet")
+        files += [f"{TOKENS_DIR}/{f.name}" for f in tokens]
         files += [f"post/{rel}" for rel in root.child("post").files()
                   if "/" not in rel and rel.endswith(".npz") and not rel.startswith(".")]
         return files
@@ -233,9 +254,12 @@ class ParquetFormat:
     def commit(self, path: str, staging: Staging, layout: Layout,
                provenance: dict[str, Any]) -> None:
         root = resolve(path)
+        if layout.has_tokens:
+            _write_tokens(root, staging, layout)
         if layout.has_chunks:
             _write(level_file(root, "chunks"), _conformed(staging, "chunks", layout), None)
-        docs = (t.drop_columns(["row"]) for t in _conformed(staging, "docs", layout))
+        docs = (t.drop_columns(["row"]) for t in
+                with_store_token_offsets(_conformed(staging, "docs", layout)))
         _write(level_file(root, "docs"), docs, provenance)
 
     def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
@@ -245,6 +269,10 @@ class ParquetFormat:
         chunks_file = level_file(root, "chunks")
         chunks = _dataset(chunks_file, "chunk") if chunks_file.exists() else None
         return docs, chunks
+
+    def open_tokens(self, path: str) -> xr.Dataset | None:
+        parts = resolve(path).child(TOKENS_DIR).glob("part-*.parquet")
+        return _parts_dataset(parts, "piece") if parts else None
 
     def add_view(self, path: str, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
                  levels: Sequence[str]) -> None:

@@ -111,12 +111,19 @@ class Provenance:
     # file path inside the store -> its checksum; recorded when the store is marked complete
     # (empty in stores written before checksums existed)
     checksums: dict[str, FileSum] = field(default_factory=dict)
+    runtime: list[str] = field(default_factory=lambda: ["torch"])  # what ran the encoder
 
     @property
     def views(self) -> list[str]:
-        """Extracted views, then views added by post-processing."""
-        extracted = [v.name for v in self.job.views]
+        """Extracted views with document vectors, then views added by post-processing
+        (token views are in `token_views`)."""
+        extracted = [v.name for v in self.job.views if not v.per_token]
         return extracted + [v for v in self.post if v not in extracted]
+
+    @property
+    def token_views(self) -> list[str]:
+        """Views with pooling: tokens, stored in the tokens level only."""
+        return [v.name for v in self.job.token_views]
 
     def view_spec(self, name: str) -> ViewSpec | None:
         """The job's spec of an extracted view (None for a post-processed one)."""
@@ -156,6 +163,7 @@ class Provenance:
                 post={k: PostInfo(**v) for k, v in raw.get("post", {}).items()},
                 input_identity=input_identity_of(raw),
                 checksums=recorded_checksums(raw),
+                runtime=list(raw.get("runtime", ["torch"])),  # stores before runtimes: torch
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"{where}: damaged provenance ({type(exc).__name__}: {exc})") from None

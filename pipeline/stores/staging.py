@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from .fs import Location, resolve
 
 STAGING_DIR = "_bertpipe"
-LEVELS = ("docs", "chunks")
+LEVELS = ("docs", "chunks", "tokens")
 
 
 class Staging:

@@ -9,9 +9,11 @@ from pathlib import Path
 from ..errors import StoreError
 from . import detect_format
 from .base import StoreFormat
+from .fs import resolve
 from .integrity import describe, size_problem, sum_problem, where
 from .provenance import Provenance, is_complete, recorded_checksums
 
+LEVEL_STATS = {"docs": "rows", "chunks": "chunks"}  # level -> its row count in stats
 MAX_LISTED = 5  # problems named in a one-line error; the count says how many more
 
 
@@ -40,6 +42,8 @@ def verify_store(path: str | Path) -> list[str]:
     format version, raises StoreError.
     """
     path = str(path)
+    if not resolve(path).exists():
+        raise StoreError(f"{path}: no such store")
     fmt = detect_format(path)
     raw = fmt.read_provenance(path)
     if not is_complete(raw):
@@ -98,8 +102,7 @@ def _checksum_problems(fmt: StoreFormat, path: str, provenance: Provenance) -> l
 
 
 def _row_problems(fmt: StoreFormat, path: str, provenance: Provenance) -> list[str]:
-    expected = {"docs": int(provenance.stats.get("rows", -1)),
-                "chunks": int(provenance.stats.get("chunks", -1))}
+    expected = {level: provenance.stats.get(key) for level, key in LEVEL_STATS.items()}
     try:
         counts = fmt.row_counts(path)
         docs, chunks = fmt.open_datasets(path)  # lazy: metadata only
@@ -107,8 +110,13 @@ def _row_problems(fmt: StoreFormat, path: str, provenance: Provenance) -> list[s
         return [str(exc)]
     except ValueError as exc:  # xarray: the arrays of one level disagree on their length
         return [f"the arrays cannot be opened together ({exc})"]
-    problems = [f"{name} has {rows} rows where the provenance says {expected[level]}"
-                for name, (level, rows) in counts.items() if rows != expected[level]]
+    problems = [f"the provenance records no {LEVEL_STATS[level]} count (stats)"
+                for level in sorted({level for level, _ in counts.values()})
+                if expected[level] is None]
+    for name, (level, rows) in counts.items():
+        want = expected[level]
+        if want is not None and rows != want:
+            problems.append(f"{name} has {rows} rows where the provenance says {int(want)}")
     stored = {"docs": set(docs.data_vars), "chunks": set(chunks.data_vars if chunks else ())}
     for level in ["docs"] + (["chunks"] if "chunks" in provenance.job.output.levels else []):
         missing = [v for v in provenance.views if v not in stored[level]]

@@ -1,4 +1,5 @@
-"""Zarr v3 store: `ids`, `docs/*`, `chunks/*` arrays and the `bertpipe` root attribute.
+"""Zarr v3 store: `ids`, `docs/*`, `chunks/*`, `tokens/*` arrays and the `bertpipe` root
+attribute.
 
 The commit is the only writer of the final arrays and walks the parts in row order, so
 no two writers ever share a chunk; `complete: true` is written after every array, with
@@ -34,7 +35,7 @@ from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore
 
 from ..errors import StoreError
-from .base import Layout, column_matrix
+from .base import Layout, column_matrix, with_store_token_offsets
 from .columns import MISSING_ATTRIBUTE, StoredColumns, strings_as_objects
 from .fs import Location, filesystem, protocol_of, resolve
 from .integrity import VerifiedStore, file_sum
@@ -42,12 +43,17 @@ from .provenance import FileSum, is_complete, recorded_checksums, sealed
 from .staging import Staging
 
 ROWS_PER_CHUNK = 8192
+# The tokens level's dimension is `piece`, not `token`: xarray makes a 1-D array named
+# like its dimension (here the word piece strings) an index, read whole on open.
+LEVEL_DIMS = {"docs": "doc", "chunks": "chunk", "tokens": "piece"}
+# the tokens level's fields that Zarr does not repeat: a token's document id is ids[doc]
+TOKEN_FIELDS_NOT_STORED = ["id"]
 # Writers open with use_consolidated=False: the consolidated metadata is rewritten once, last,
 # and a writer must see the groups added since.
 COMPRESSOR = zarr.codecs.BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")
 # Folders holding the arrays that checksums cover (not the root zarr.json: it holds the
 # provenance itself; not index/ or the staging area: they are rebuilt, never read as data).
-DATA_DIRS = ("ids", "docs", "chunks", "post")
+DATA_DIRS = ("ids", "docs", "chunks", "tokens", "post")
 # What a damaged chunk can make a codec raise when no checksum caught it first (a store
 # written before checksums existed): blosc RuntimeError, vlen-utf8/reshape ValueError.
 CODEC_ERRORS = (RuntimeError, ValueError, OSError)
@@ -57,7 +63,7 @@ def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int
                  columns: StoredColumns, widths: dict[str, int]) -> None:
     """Every column of a level's parts as one array of the level's group, in row order.
     The ids go to `docs/id`, a coordinate of every docs array (see `_describe`)."""
-    dim = "doc" if level == "docs" else "chunk"
+    dim = LEVEL_DIMS[level]
     group = root.require_group(level)
     arrays: dict[str, zarr.Array] = {}
     offset = 0
@@ -75,6 +81,15 @@ def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int
                     arrays[name].update_attributes(attributes)
             arrays[name][offset : offset + table.num_rows] = values
         offset += table.num_rows
+
+
+def _write_tokens(root: zarr.Group, staging: Staging, layout: Layout) -> None:
+    """The tokens level: one row per stored token, in row then position order."""
+    files = [staging.part(i, "tokens") for i in layout.indices]
+    columns = StoredColumns.from_metadata(staging.part_schemas("tokens", layout.indices))
+    parts = (t.drop_columns(TOKEN_FIELDS_NOT_STORED)
+             for t in staging.read_parts("tokens", layout.indices))
+    _write_level(root, "tokens", parts, layout.n_tokens, columns, columns.string_widths(files))
 
 
 def _create(group: zarr.Group, name: str, sample: np.ndarray, n: int, dim: str) -> zarr.Array:
@@ -262,8 +277,12 @@ class ZarrFormat:
                 files = [staging.part(i, level) for i in layout.indices]
                 columns = StoredColumns.from_metadata(staging.part_schemas(level,
                                                                            layout.indices))
-                _write_level(root, level, staging.read_parts(level, layout.indices), n, columns,
-                             columns.string_widths(files))
+                parts = staging.read_parts(level, layout.indices)
+                if level == "docs":
+                    parts = with_store_token_offsets(parts)
+                _write_level(root, level, parts, n, columns, columns.string_widths(files))
+            if layout.has_tokens:
+                _write_tokens(root, staging, layout)
         self.update_provenance(path, provenance)
 
     def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
@@ -276,6 +295,10 @@ class ZarrFormat:
         docs = docs.drop_vars([v for v in docs.data_vars if str(v).startswith(".")])
         chunks = _dataset(root["chunks"], {}, f"{path}: chunks") if "chunks" in root else None
         return docs, chunks
+
+    def open_tokens(self, path: str) -> xr.Dataset | None:
+        root = _verified_group(path)
+        return _dataset(root["tokens"], {}, f"{path}: tokens") if "tokens" in root else None
 
     def add_view(self, path: str, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
                  levels: Sequence[str]) -> None:

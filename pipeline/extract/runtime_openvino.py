@@ -1,0 +1,394 @@
+"""The OpenVINO runtime: the encoder exported once per (weights, outputs), cached, run on CPU.
+
+Export. `EncoderOutputs` runs the BertModel's own submodules (embeddings, then the blocks
+with a 4-D additive padding mask) and returns exactly what the job's views need:
+
+    hidden_states[l] for l in needs.layers     each (B, T, H); 0 = the embedding output
+    cls_attention (only for attention pooling) (B, T): the last block's [CLS] row,
+        softmax(q_0 · K^T / sqrt(d_head) + mask), averaged over heads
+
+`openvino.convert_model` turns it into a graph with dynamic B and T. The pooler, the
+combines and the poolings stay in `views.py` and run on these outputs as torch tensors,
+so every view works the same as on the torch runtime.
+
+Cache. One folder per export key (weights SHA-256, config, needed layers, [CLS] row,
+OpenVINO/torch/transformers versions, this module's format number):
+
+    <BERTPIPE_CACHE_DIR or ~/.cache/bertpipe>/openvino/<key>/
+        model.xml, model.bin   the IR (float32 weights)
+        key.json               what the key was made of (written last)
+        compiled/              OpenVINO's own CACHE_DIR: compiled blobs per CPU and config
+
+An entry is exported into a temporary folder and renamed into place, so a reader sees a
+whole entry or none, and two workers exporting at once both end with the same entry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ModelError
+from ..spec import ModelSpec
+from .encode import Encoder
+from .model import (
+    LoadedModel,
+    check_pooler,
+    load_model,
+    load_tokenizer,
+    max_positions,
+    model_fingerprint,
+)
+from .views import ForwardNeeds, PoolContext, ResolvedView
+
+log = logging.getLogger(__name__)
+
+# Bump when EncoderOutputs or the export settings change: old entries are then not reused.
+EXPORT_FORMAT = 1
+CACHE_ENV = "BERTPIPE_CACHE_DIR"
+INPUTS = ("input_ids", "attention_mask")
+
+# OpenVINO's element type names -> the dtype names the provenance uses
+PRECISIONS = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+HINTS = {v: k for k, v in PRECISIONS.items()}
+
+# Exports made by this process (a cache hit makes none): what tests and logs count on.
+exports_made = 0
+
+
+def cache_root() -> Path:
+    """Where exported models live: `$BERTPIPE_CACHE_DIR/openvino`, default
+    `~/.cache/bertpipe/openvino`."""
+    base = os.environ.get(CACHE_ENV)
+    root = Path(base).expanduser() if base else Path.home() / ".cache" / "bertpipe"
+    return root / "openvino"
+
+
+# ---- the exported graph ---------------------------------------------------------------
+
+class EncoderOutputs(torch.nn.Module):
+    """(input_ids (B, T) i64, attention_mask (B, T) i64) -> the hidden states of `layers`
+    in ascending order, then the last block's [CLS] attention row when `cls_attention`."""
+
+    def __init__(self, bert: torch.nn.Module, layers: Sequence[int], cls_attention: bool):
+        super().__init__()
+        model: Any = bert  # a BertModel: attributes as transformers defines them
+        blocks = model.encoder.layer  # already cut to the blocks the views need
+        self.embeddings = model.embeddings
+        self.blocks: Any = blocks
+        self.layers = tuple(sorted(layers))
+        self.cls_attention = cls_attention
+        self.depth = len(blocks) if cls_attention else max(self.layers)
+        if cls_attention:
+            attention = blocks[-1].attention.self
+            self.n_heads = int(attention.num_attention_heads)
+            self.d_head = int(attention.attention_head_size)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
+        h = self.embeddings(input_ids=input_ids, token_type_ids=torch.zeros_like(input_ids))
+        keep = attention_mask[:, None, None, :].bool()  # (B, 1, 1, T)
+        additive = torch.zeros(keep.shape, dtype=h.dtype).masked_fill(
+            ~keep, torch.finfo(h.dtype).min)
+        outputs = [h] if 0 in self.layers else []
+        cls_row = None
+        for i in range(self.depth):
+            if self.cls_attention and i == len(self.blocks) - 1:
+                cls_row = self._cls_row(h, additive)
+            h = self.blocks[i](h, additive)  # BertLayer(hidden, 4-D additive mask)
+            if i + 1 in self.layers:
+                outputs.append(h)
+        if cls_row is not None:
+            outputs.append(cls_row)
+        return tuple(outputs)
+
+    def _cls_row(self, h: torch.Tensor, additive: torch.Tensor) -> torch.Tensor:
+        """(B, T): the last block's attention of query 0, from that block's input."""
+        attention = self.blocks[-1].attention.self
+        b, t, _ = h.shape
+        q = attention.query(h[:, :1]).view(b, 1, self.n_heads, self.d_head).transpose(1, 2)
+        k = attention.key(h).view(b, t, self.n_heads, self.d_head).transpose(1, 2)
+        scores = q @ k.transpose(-1, -2) * self.d_head ** -0.5 + additive  # (B, nh, 1, T)
+        return torch.softmax(scores, dim=-1).mean(dim=1)[:, 0]
+
+
+def output_names(layers: Sequence[int], cls_attention: bool) -> list[str]:
+    return [f"hidden_{i}" for i in sorted(layers)] + (["cls_attention"] if cls_attention else [])
+
+
+def export(module: torch.nn.Module, layers: Sequence[int], cls_attention: bool,
+           dest: Path) -> None:
+    """Convert the float32 torch encoder to an IR in `dest` (model.xml + model.bin)."""
+    import openvino as ov
+    from openvino.frontend.pytorch.ts_decoder import TorchScriptPythonDecoder
+
+    wrapper = EncoderOutputs(module, layers, cls_attention).eval()
+    ids = torch.ones((2, 8), dtype=torch.long)  # shapes stay dynamic: any (B, T) runs
+    mask = torch.ones((2, 8), dtype=torch.long)
+    mask[1, 5:] = 0
+    # check_trace off: the wrapper has no data-dependent control flow, and the re-trace
+    # that checks it costs more than the conversion (1 s of ~2 s on MiniLM)
+    with torch.no_grad(), _telemetry_off(), warnings.catch_warnings():
+        # why: transformers' SDPA code turns a shape into a bool while tracing; the value
+        # it freezes (not causal) holds for every shape
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        decoder = TorchScriptPythonDecoder(wrapper, example_input=(ids, mask),
+                                           trace_kwargs={"check_trace": False})
+        graph = ov.convert_model(decoder)
+    for port, name in zip(graph.inputs, INPUTS, strict=True):
+        port.get_tensor().set_names({name})
+    for port, name in zip(graph.outputs, output_names(layers, cls_attention), strict=True):
+        port.get_tensor().set_names({name})
+    ov.save_model(graph, str(dest / "model.xml"), compress_to_fp16=False)
+
+
+@contextlib.contextmanager
+def _telemetry_off() -> Iterator[None]:
+    """openvino's converter sends usage telemetry unless the user opted out in a file in
+    their home; a batch job exporting its model sends nothing (and skips ~1.4 s of
+    network attempts). Swaps in openvino's own no-op stub while converting."""
+    try:
+        stub = importlib.import_module("openvino.tools.ovc.telemetry_stub")
+        users: list[Any] = [importlib.import_module(f"openvino.tools.ovc.{name}")
+                            for name in ("convert_impl", "telemetry_utils", "utils")]
+    except ImportError:
+        yield
+        return
+    saved = [(module, module.tm) for module in users if hasattr(module, "tm")]
+    for module, _ in saved:
+        module.tm = stub
+    try:
+        yield
+    finally:
+        for module, original in saved:
+            module.tm = original
+
+
+# ---- the cache ------------------------------------------------------------------------
+
+def export_key(weights_sha256: dict[str, str], config: dict[str, Any], layers: Sequence[int],
+               cls_attention: bool) -> dict[str, Any]:
+    """Everything the exported graph depends on."""
+    import openvino as ov
+    import transformers
+
+    return {"format": EXPORT_FORMAT, "weights_sha256": weights_sha256, "config": config,
+            "layers": sorted(layers), "cls_attention": cls_attention,
+            "openvino": ov.__version__, "torch": torch.__version__,
+            "transformers": transformers.__version__}
+
+
+def key_id(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def cached_entry(key: dict[str, Any], root: Path | None = None) -> Path | None:
+    """The complete cache entry for `key`, or None."""
+    entry = (root or cache_root()) / key_id(key)
+    return entry if (entry / "key.json").is_file() else None
+
+
+def cached_export(key: dict[str, Any], export_to: Callable[[Path], None],
+                  root: Path | None = None) -> Path:
+    """The cache entry for `key`, exported with `export_to(folder)` if it is not there yet."""
+    global exports_made
+    root = root or cache_root()
+    entry = root / key_id(key)
+    if (entry / "key.json").is_file():
+        log.debug("openvino: cached export %s", entry)
+        return entry
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=root))
+    except OSError as exc:
+        raise ModelError(f"model.runtime: openvino cannot write its cache in {root} "
+                         f"({exc.strerror}); set {CACHE_ENV} to a writable folder") from None
+    try:
+        start = time.perf_counter()
+        export_to(tmp)
+        (tmp / "compiled").mkdir()
+        (tmp / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True))
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache may serve several users
+        try:
+            os.rename(tmp, entry)  # atomic: readers see a whole entry or none
+        except OSError:
+            if not (entry / "key.json").is_file():
+                raise
+            # another worker exported the same key meanwhile: theirs is as good as ours
+        exports_made += 1
+        log.info("openvino: exported the encoder in %.1f s to %s",
+                 time.perf_counter() - start, entry)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return entry
+
+
+# ---- running --------------------------------------------------------------------------
+
+class OpenVINOForward:
+    """A compiled model and one infer request: (ids, mask) -> (states, cls_attention)."""
+
+    def __init__(self, entry: Path, layers: Sequence[int], cls_attention: bool,
+                 precision: str, threads: int):
+        import openvino as ov
+
+        self.entry = entry
+        self.layers = tuple(sorted(layers))
+        self.cls_attention = cls_attention
+        core = ov.Core()
+        # compiled blobs are cached per CPU and config by OpenVINO itself
+        core.set_property({"CACHE_DIR": str(entry / "compiled")})
+        self.compiled = core.compile_model(str(entry / "model.xml"), "CPU", {
+            "PERFORMANCE_HINT": "LATENCY",  # one request at a time, all threads on it
+            "INFERENCE_PRECISION_HINT": HINTS[precision],
+            "INFERENCE_NUM_THREADS": threads,
+        })
+        self.request = self.compiled.create_infer_request()
+
+    @property
+    def precision(self) -> str:
+        """What the CPU plugin actually runs: a bf16 hint is float32 on a CPU without bf16."""
+        hint = self.compiled.get_property("INFERENCE_PRECISION_HINT")
+        return PRECISIONS.get(hint.get_type_name(), str(hint))
+
+    def __call__(self, ids: np.ndarray, mask: np.ndarray
+                 ) -> tuple[dict[int, torch.Tensor], torch.Tensor | None]:
+        # share_outputs=False: OpenVINO reuses its output buffers on the next infer
+        results = self.request.infer({"input_ids": ids, "attention_mask": mask},
+                                     share_inputs=True, share_outputs=False)
+        outputs = [torch.from_numpy(results[i]) for i in range(len(results))]
+        states = dict(zip(self.layers, outputs, strict=False))  # {layer: (B, T, H) float32}
+        return states, outputs[-1] if self.cls_attention else None
+
+
+class OpenVINOEncoder(Encoder):
+    """The torch Encoder's batching and views, with the forward pass run by OpenVINO.
+
+    Not the base __init__: that prepares the torch [CLS]-attention hook on the module's
+    blocks, and here the graph computes that row (and the module may hold no weights)."""
+
+    def __init__(self, model: LoadedModel, views: Sequence[ResolvedView], needs: ForwardNeeds,
+                 forward: OpenVINOForward):
+        self.model = model
+        self.views = list(views)
+        self.needs = needs
+        self.pad_id = int(model.tokenizer.pad_token_id or 0)
+        self._cls_attention = None
+        self.forward = forward
+
+    def encode_batch(self, sequences: Sequence[Sequence[int]],
+                     keep: Sequence[tuple[int, int]] | None = None) -> dict[str, np.ndarray]:
+        if keep is not None:  # never: `load_encoder` keeps token views on torch
+            raise ModelError("model.runtime: token views run on torch")
+        ids, mask = self._pad(sequences)  # (B, T) int64 on the CPU
+        states, cls_attention = self.forward(ids.numpy(), mask.numpy())
+        bool_mask = mask.bool()
+        ctx = PoolContext(cls_attention=cls_attention,
+                          pooler=self.model.pooler if self.needs.pooler else None)
+        with torch.inference_mode():
+            return {v.name: v.compute(states, bool_mask, ctx).float().numpy()
+                    for v in self.views}
+
+
+def openvino_encoder(spec: ModelSpec, config: Any, views: Sequence[ResolvedView],
+                     needs: ForwardNeeds, precision: str
+                     ) -> tuple[LoadedModel, OpenVINOEncoder]:
+    """The model's facts and an Encoder running the job's graph, exported if not cached.
+
+    On a cache hit no torch model is built: the graph holds the weights, and the tokenizer
+    and pooler come from the checkpoint's files (this skips ~2 CPU-seconds of importing
+    and loading the torch model at every start)."""
+    layers = tuple(sorted(needs.layers))
+    fingerprint = model_fingerprint(spec.path)
+    key = export_key(fingerprint["weights_sha256"], fingerprint["config"], layers,
+                     needs.cls_attention)
+    weights = list(fingerprint["weights_sha256"])
+    entry = cached_entry(key)
+    if entry is not None and weights and all(w.endswith(".safetensors") for w in weights):
+        model = weightless_model(spec, config, needs, weights)
+    else:
+        # the export is made from the float32 weights; OpenVINO applies the precision
+        model = load_model(replace(spec, dtype="float32", device="cpu"),
+                           keep_layers=needs.blocks_to_run, need_pooler=needs.pooler)
+        module = model.module
+
+        def export_to(dest: Path) -> None:
+            try:
+                export(module, layers, needs.cls_attention, dest)
+            except Exception as exc:  # noqa: BLE001 - any conversion failure: one message
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise ModelError(f"model.runtime: openvino could not export {spec.path!r} "
+                                 f"({first}); use model.runtime: torch") from None
+
+        entry = cached_export(key, export_to)
+        model.module = WEIGHTLESS  # the graph has the weights now: free the torch copy
+    forward = OpenVINOForward(entry, layers, needs.cls_attention, precision,
+                              threads=torch.get_num_threads())
+    return model, OpenVINOEncoder(model, views, needs, forward)
+
+
+# Stands in for the torch module once the graph holds the weights (nothing calls it).
+WEIGHTLESS = torch.nn.Module()
+
+
+def weightless_model(spec: ModelSpec, config: Any, needs: ForwardNeeds,
+                     weight_files: Sequence[str]) -> LoadedModel:
+    """What the pipeline needs besides the graph: tokenizer, sizes, the pooler's W and b."""
+    tokenizer = load_tokenizer(spec)
+    pooler = read_pooler(spec.path, weight_files) if needs.pooler else None
+    if needs.pooler:
+        check_pooler(pooler, spec.path, str(config.model_type))
+    return LoadedModel(
+        tokenizer=tokenizer,
+        module=WEIGHTLESS,
+        model_type=str(config.model_type),
+        n_layers=int(config.num_hidden_layers),
+        blocks_run=needs.blocks_to_run,  # the graph computes exactly the blocks needed
+        hidden_size=int(config.hidden_size),
+        # a BERT position table reserves no rows (the module's only say in the limit)
+        max_positions=max_positions(config, WEIGHTLESS, tokenizer),
+        device=torch.device("cpu"),
+        compute_dtype=torch.float32,
+        pooler=pooler,
+    )
+
+
+def read_pooler(path: str, weight_files: Sequence[str]) -> torch.nn.Linear | None:
+    """The pooler's dense layer straight from the safetensors files (a bare BertModel
+    checkpoint names it `pooler.dense`, a task model `bert.pooler.dense`); None without."""
+    from safetensors import safe_open
+
+    root = Path(path) if Path(path).is_dir() else _snapshot(path)
+    for name in weight_files:
+        with safe_open(str(root / name), framework="pt") as f:
+            keys = set(f.keys())
+            for prefix in ("pooler.dense.", "bert.pooler.dense."):
+                if {prefix + "weight", prefix + "bias"} <= keys:
+                    weight, bias = f.get_tensor(prefix + "weight"), f.get_tensor(prefix + "bias")
+                    dense = torch.nn.Linear(weight.shape[1], weight.shape[0])
+                    with torch.no_grad():
+                        dense.weight.copy_(weight.float())
+                        dense.bias.copy_(bias.float())
+                    return dense.eval()
+    return None
+
+
+def _snapshot(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(repo_id, local_files_only=True))

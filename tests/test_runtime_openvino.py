@@ -1,0 +1,395 @@
+"""The OpenVINO runtime against the torch float32 reference and plain transformers: every
+view kind on real text (a chunked long document included), block-cut jobs, the runtime
+recorded in the store, and the export cache (reused, invalidated, written atomically)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import pipeline
+from pipeline.errors import ModelError
+from pipeline.extract import runtime as runtime_mod
+from pipeline.extract.partition import Extractor
+from pipeline.run.runner import run_job
+from pipeline.spec import Job
+from tests.conftest import REVIEWS, job_dict
+
+pytest.importorskip("openvino", reason="the openvino runtime is optional "
+                                       "(pip install 'bertpipe[openvino]')")
+
+from pipeline.extract import runtime_openvino as rov  # noqa: E402 - needs openvino
+
+# Float32 on both sides: OpenVINO's fused kernels reorder sums, nothing else differs.
+# Measured: max |difference| ~4e-7, cosine 1 - 1e-15 on the tiny model.
+COSINE_MIN = 0.9999
+ATOL = 1e-4
+
+EVERY_VIEW: dict[str, Any] = {
+    "mean": {"pooling": "mean"},
+    "cls": {"pooling": "cls"},
+    "pooler": {"pooling": "pooler"},
+    "max": {"pooling": "max"},
+    "attn": {"pooling": "attention"},
+    "last": {"pooling": "last"},
+    "emb": {"layers": [0], "pooling": "mean"},
+    "mid": {"layers": [1], "pooling": "max"},
+    "avg12": {"layers": [1, 2], "combine": "mean", "pooling": "mean"},
+    "cat": {"layers": [-2, -1], "combine": "concat", "pooling": "cls"},
+    "mix": {"layers": "all", "combine": "scalar_mix", "weights": [0.2, -1.0, 1.5],
+            "gamma": 0.7, "pooling": "mean"},
+    "wsum": {"layers": [0, 2], "combine": "weighted", "weights": [0.25, 0.75],
+             "pooling": "attention", "normalize": True},
+}
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    """Real reviews and one long real document that the tiny model (64 positions) chunks."""
+    from pydoc_data.topics import topics
+
+    reviews = pq.read_table(REVIEWS).column("text").to_pylist()[:12]
+    return reviews + [topics["assert"]]
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty export cache for this test."""
+    monkeypatch.setenv("BERTPIPE_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "openvino"
+
+
+def extractor(model: Path, views: dict[str, Any], runtime: str, **model_keys: Any
+              ) -> Extractor:
+    raw = job_dict(Path("unused.parquet"), model, Path("unused.zarr"), views=views,
+                   chunking={"strategy": "hierarchical"})
+    raw["model"].update(runtime=runtime, **model_keys)
+    return Extractor(Job.from_dict(raw))
+
+
+def assert_same_vectors(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
+    assert set(got) == set(want)
+    for view, vectors in want.items():
+        assert got[view].shape == vectors.shape, view
+        np.testing.assert_allclose(got[view], vectors, atol=ATOL, err_msg=view)
+        assert cosine(got[view], vectors).min() >= COSINE_MIN, view
+
+
+def entries(cache: Path) -> list[Path]:
+    return sorted(p for p in cache.iterdir()) if cache.exists() else []
+
+
+# ---- agreement -------------------------------------------------------------------------
+
+def test_every_view_equals_torch_float32(tiny_bert: Path, texts: list[str], cache: Path
+                                         ) -> None:
+    reference = extractor(tiny_bert, EVERY_VIEW, "torch").encode_texts(texts)
+    ex = extractor(tiny_bert, EVERY_VIEW, "openvino")
+    assert ex.runtime == runtime_mod.Runtime("openvino", "float32")
+    got = ex.encode_texts(texts)
+    assert got.chunked.n_chunks[-1] > 10  # the long document really is chunked
+    assert_same_vectors(got.chunks, reference.chunks)
+    assert_same_vectors(got.docs, reference.docs)
+    # the graph returns exactly what the views need: every hidden state, the [CLS] row
+    outputs = [o.get_any_name() for o in ex.encoder.forward.compiled.outputs]
+    assert outputs == ["hidden_0", "hidden_1", "hidden_2", "cls_attention"]
+    # a cache hit builds no torch model: tokenizer and pooler come from the files
+    again = extractor(tiny_bert, EVERY_VIEW, "openvino")
+    assert again.model.module is rov.WEIGHTLESS
+    assert again.model.max_positions == ex.model.max_positions == 64
+    for view, vectors in again.encode_texts(texts).docs.items():
+        np.testing.assert_array_equal(vectors, got.docs[view], err_msg=view)
+
+
+@pytest.mark.slow  # two fresh interpreters importing the runtime
+def test_warm_start_imports_no_torch_model_code(tiny_bert: Path, tmp_path: Path,
+                                               cache: Path) -> None:
+    """With the export cached, a worker starts without transformers' modelling code (the
+    largest import of a cold start) and without the torch weights."""
+    import subprocess
+    import sys
+
+    views = {"p": {"pooling": "pooler"}, "a": {"pooling": "attention"}}
+    extractor(tiny_bert, views, "openvino")  # fills the cache (a cold start imports it all)
+    raw = job_dict(Path("unused.parquet"), tiny_bert, Path("unused.zarr"), views=views)
+    raw["model"]["runtime"] = "openvino"
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps(raw))
+    probe = ("import json, sys; from pipeline.spec import Job; "
+             "from pipeline.extract.partition import Extractor; "
+             f"ex = Extractor(Job.from_dict(json.load(open({str(job_file)!r})))); "
+             "ex.encode_texts(['the drug worked']); "
+             "print(sorted(m for m in sys.modules if m.startswith('transformers.models.bert')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout.strip().splitlines()[-1]
+    assert "configuration_bert" in out and "modeling_bert" not in out, out
+
+
+def test_block_cut_job_exports_only_what_its_view_needs(tiny_bert: Path, texts: list[str],
+                                                        cache: Path) -> None:
+    views = {"mid": {"layers": [1], "pooling": "mean"}, "mid_max": {"layers": [1],
+                                                                     "pooling": "max"}}
+    reference = extractor(tiny_bert, views, "torch").encode_texts(texts)
+    ex = extractor(tiny_bert, views, "openvino")
+    assert ex.needs.blocks_to_run == 1
+    assert [o.get_any_name() for o in ex.encoder.forward.compiled.outputs] == ["hidden_1"]
+    # one block of two in the graph: half the matmuls of the whole model
+    full = extractor(tiny_bert, {"m": {"pooling": "mean"}}, "openvino")
+    assert 0 < 2 * count_ops(ex, "MatMul") <= count_ops(full, "MatMul")
+    assert_same_vectors(ex.encode_texts(texts).docs, reference.docs)
+
+
+def count_ops(ex: Extractor, kind: str) -> int:
+    """Operations of one type in the exported IR."""
+    import openvino as ov
+
+    model = ov.Core().read_model(ex.encoder.forward.entry / "model.xml")
+    return sum(op.get_type_name() == kind for op in model.get_ops())
+
+
+def test_exported_graph_equals_plain_transformers(tiny_bert: Path, cache: Path) -> None:
+    """The wrapper against an independent path: transformers' own forward with
+    output_hidden_states, and its eager attention probabilities for the [CLS] row."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_bert)
+    batch = tok(["the drug worked", "no sleep for a week, bad side effects and pain",
+                 "yes"], padding=True, return_tensors="pt")
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    model = AutoModel.from_pretrained(tiny_bert, attn_implementation="eager").eval()
+    with torch.inference_mode():
+        want = model(input_ids=ids, attention_mask=mask, output_hidden_states=True,
+                     output_attentions=True)
+    entry = rov.cached_export(rov.export_key({"w": "x"}, {}, (0, 2), True),
+                              lambda dest: rov.export(model, (0, 2), True, dest))
+    forward = rov.OpenVINOForward(entry, (0, 2), True, "float32", threads=1)
+    states, cls_row = forward(ids.numpy(), mask.numpy())
+    keep = mask.bool()
+    for layer in (0, 2):
+        np.testing.assert_allclose(states[layer][keep], want.hidden_states[layer][keep],
+                                   atol=1e-5)
+    assert cls_row is not None
+    cls_want = want.attentions[-1][:, :, 0, :].mean(1)  # (B, T), mean over heads
+    np.testing.assert_allclose(cls_row, cls_want, atol=1e-6)
+    np.testing.assert_allclose(cls_row.sum(1), np.ones(3), atol=1e-6)
+
+
+def test_auto_runtime_is_recorded_in_markers_and_provenance(tiny_bert: Path, tmp_path: Path,
+                                                             small_texts: Path, cache: Path
+                                                             ) -> None:
+    raw = job_dict(small_texts, tiny_bert, tmp_path / "out.zarr")
+    raw["model"]["runtime"] = "auto"
+    run_job(Job.from_dict(raw))
+    store = pipeline.open_store(tmp_path / "out.zarr")
+    assert store.provenance.runtime == ["openvino"]
+    assert store.provenance.dtype == ["float32"]
+    assert store.provenance.versions["openvino"]
+    torch_raw = job_dict(small_texts, tiny_bert, tmp_path / "ref.zarr")  # runtime: torch
+    run_job(Job.from_dict(torch_raw))
+    reference = pipeline.open_store(tmp_path / "ref.zarr")
+    assert reference.provenance.runtime == ["torch"]
+    assert "openvino" not in reference.provenance.versions
+    for view in ("mean", "cls"):
+        np.testing.assert_allclose(store.vectors(view), reference.vectors(view), atol=ATOL)
+
+
+def test_float32_job_runs_float32_whatever_the_cpu(tiny_bert: Path, cache: Path) -> None:
+    """OpenVINO's own default on a CPU with bf16 is bf16: a float32 job must not get it."""
+    ex = extractor(tiny_bert, {"m": {"pooling": "mean"}}, "openvino", dtype="float32")
+    hint = ex.encoder.forward.compiled.get_property("INFERENCE_PRECISION_HINT")
+    assert hint.get_type_name() == "f32"
+
+
+# ---- the cache -------------------------------------------------------------------------
+
+def test_cache_is_reused_and_follows_the_needed_outputs(tiny_bert: Path, cache: Path,
+                                                        caplog: pytest.LogCaptureFixture
+                                                        ) -> None:
+    before = rov.exports_made
+    with caplog.at_level(logging.INFO, logger="pipeline.extract.runtime_openvino"):
+        extractor(tiny_bert, {"m": {"pooling": "mean"}}, "openvino")
+        assert rov.exports_made == before + 1 and len(entries(cache)) == 1
+        # same outputs (the last layer), other poolings: the same export
+        extractor(tiny_bert, {"c": {"pooling": "cls"}, "x": {"pooling": "max"}}, "openvino")
+        assert rov.exports_made == before + 1
+        # the [CLS] attention row is one more output: a new entry
+        extractor(tiny_bert, {"a": {"pooling": "attention"}}, "openvino")
+        assert rov.exports_made == before + 2 and len(entries(cache)) == 2
+        # another layer: a new entry; asked again: reused
+        extractor(tiny_bert, {"l1": {"layers": [1], "pooling": "mean"}}, "openvino")
+        extractor(tiny_bert, {"l1": {"layers": [1], "pooling": "cls"}}, "openvino")
+    assert rov.exports_made == before + 3
+    exported = [r for r in caplog.records if "exported the encoder" in r.getMessage()]
+    assert len(exported) == 3
+    keys = [json.loads((e / "key.json").read_text()) for e in entries(cache)]
+    assert sorted((k["layers"], k["cls_attention"]) for k in keys) == [
+        ([1], False), ([2], False), ([2], True)]
+    assert not [p for p in cache.iterdir() if p.name.startswith(".")]  # no temp folders
+
+
+def test_changed_weights_get_a_new_export(tiny_bert: Path, tmp_path: Path, cache: Path,
+                                          texts: list[str]) -> None:
+    import shutil
+
+    from transformers import AutoModel
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_bert, model_dir)
+    views = {"m": {"pooling": "mean"}}
+    first = extractor(model_dir, views, "openvino").encode_texts(texts[:3]).docs["m"]
+    before = rov.exports_made
+    model = AutoModel.from_pretrained(model_dir)
+    with torch.no_grad():
+        model.encoder.layer[-1].output.LayerNorm.bias.add_(0.5)  # same files, new weights
+    model.save_pretrained(model_dir, safe_serialization=True)
+    second = extractor(model_dir, views, "openvino").encode_texts(texts[:3]).docs["m"]
+    assert rov.exports_made == before + 1 and len(entries(cache)) == 2
+    want = extractor(model_dir, views, "torch").encode_texts(texts[:3]).docs["m"]
+    np.testing.assert_allclose(second, want, atol=ATOL)  # not the stale graph
+    np.testing.assert_allclose(second - first, 0.5, atol=ATOL)  # every mean moved by 0.5
+
+
+def test_concurrent_exports_leave_one_whole_entry(tmp_path: Path) -> None:
+    """Two workers exporting the same key at once: both get the same complete entry."""
+    key = {"format": 0, "weights_sha256": {"w": "1"}}
+
+    def slow_export(dest: Path) -> None:
+        (dest / "model.xml").write_text("<net/>")
+        time.sleep(0.2)  # both workers are mid-export here
+        (dest / "model.bin").write_bytes(b"\0" * 16)
+
+    results: list[Path] = []
+    workers = [threading.Thread(target=lambda: results.append(
+        rov.cached_export(key, slow_export, tmp_path))) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert results[0] == results[1]
+    assert [p.name for p in tmp_path.iterdir()] == [results[0].name]  # temp folders gone
+    assert sorted(p.name for p in results[0].iterdir()) == ["compiled", "key.json",
+                                                            "model.bin", "model.xml"]
+    assert json.loads((results[0] / "key.json").read_text()) == key
+
+
+def test_damaged_compiled_blob_is_recompiled(tiny_bert: Path, cache: Path,
+                                             texts: list[str]) -> None:
+    views = {"m": {"pooling": "mean"}}
+    want = extractor(tiny_bert, views, "openvino").encode_texts(texts[:3]).docs["m"]
+    blobs = list(cache.glob("*/compiled/*.blob"))
+    assert blobs
+    for blob in blobs:
+        blob.chmod(0o644)
+        blob.write_bytes(blob.read_bytes()[:1000])  # a half-written blob
+    got = extractor(tiny_bert, views, "openvino").encode_texts(texts[:3]).docs["m"]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_unwritable_cache_is_one_clear_error(tiny_bert: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("BERTPIPE_CACHE_DIR", str(blocker))
+    with pytest.raises(ModelError, match="BERTPIPE_CACHE_DIR"):
+        extractor(tiny_bert, {"m": {"pooling": "mean"}}, "openvino")
+
+
+# ---- choosing the runtime ----------------------------------------------------------------
+
+def test_auto_picks_openvino_for_bert_and_torch_for_others(
+        tiny_bert: Path, tiny_distilbert: Path, cache: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    assert extractor(tiny_bert, {"m": {"pooling": "mean"}}, "auto").runtime.name == "openvino"
+    with caplog.at_level(logging.INFO, logger="pipeline.extract.runtime"):
+        ex = extractor(tiny_distilbert, {"m": {"pooling": "mean"}}, "auto")
+    assert ex.runtime.name == "torch"
+    assert any("distilbert runs on torch" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ModelError, match="openvino supports BERT encoders, not distilbert"):
+        extractor(tiny_distilbert, {"m": {"pooling": "mean"}}, "openvino")
+
+
+def test_openvino_for_another_family_is_one_clear_error(tmp_path: Path, tiny_distilbert: Path,
+                                                        small_texts: Path) -> None:
+    from tests.test_errors import assert_user_error, extract
+
+    job = job_dict(small_texts, tiny_distilbert, tmp_path / "o.zarr")
+    job["model"]["runtime"] = "openvino"
+    assert_user_error(extract(tmp_path, job), 4, "model.runtime", "not distilbert")
+
+
+BERT = SimpleNamespace(model_type="bert", is_decoder=False)
+
+
+def test_cuda_and_missing_openvino(tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = Job.from_dict(job_dict(Path("x.parquet"), tiny_bert, Path("o.zarr"))).model
+    from dataclasses import replace
+
+    monkeypatch.setattr(runtime_mod, "resolve_device", lambda name: torch.device("cuda"))
+    assert runtime_mod.choose_runtime(replace(spec, runtime="auto"), BERT) == "torch"
+    with pytest.raises(ModelError, match="openvino runs on the CPU"):
+        runtime_mod.choose_runtime(replace(spec, runtime="openvino"), BERT)
+    monkeypatch.setattr(runtime_mod, "resolve_device", lambda name: torch.device("cpu"))
+    monkeypatch.setattr(runtime_mod, "openvino_installed", lambda: False)
+    assert runtime_mod.choose_runtime(replace(spec, runtime="auto"), BERT) == "torch"
+    with pytest.raises(ModelError, match="openvino is not installed"):
+        runtime_mod.choose_runtime(replace(spec, runtime="openvino"), BERT)
+    # a BERT configured as a causal decoder: the export's padding-only mask would be wrong
+    decoder = SimpleNamespace(model_type="bert", is_decoder=True)
+    monkeypatch.setattr(runtime_mod, "openvino_installed", lambda: True)
+    assert runtime_mod.choose_runtime(replace(spec, runtime="auto"), decoder) == "torch"
+    with pytest.raises(ModelError, match=r"not bert \(decoder\)"):
+        runtime_mod.choose_runtime(replace(spec, runtime="openvino"), decoder)
+
+
+# ---- the real model ----------------------------------------------------------------------
+
+REAL_VIEWS: dict[str, Any] = {
+    "mean": {"pooling": "mean"}, "cls": {"pooling": "cls"}, "pooler": {"pooling": "pooler"},
+    "max": {"pooling": "max"}, "attn": {"pooling": "attention"}, "last": {"pooling": "last"},
+    "l3": {"layers": [3], "pooling": "mean"},
+    "mid4": {"layers": [-4, -3, -2, -1], "combine": "mean", "pooling": "mean"},
+    "cat2": {"layers": [-2, -1], "combine": "concat", "pooling": "cls"},
+    "mix": {"layers": "all", "combine": "scalar_mix", "weights": [0, 0, 0, 0, 1, 1, 1],
+            "pooling": "mean"},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, cosine_min", [("float32", 0.9999), ("auto", 0.999)])
+def test_real_model_every_view(minilm: Path, texts: list[str], dtype: str,
+                               cosine_min: float) -> None:
+    """MiniLM on real reviews and a long document (512-token chunks), every view kind,
+    against torch float32. `auto` is bf16 on a CPU with native bf16 (documented 0.999)."""
+    from pydoc_data.topics import topics
+
+    docs = texts + [topics["try"]]  # ~1,700 tokens: 4 chunks of 512
+    reference = extractor(minilm, REAL_VIEWS, "torch").encode_texts(docs)
+    ex = extractor(minilm, REAL_VIEWS, "openvino", dtype=dtype)
+    got = ex.encode_texts(docs)
+    assert got.chunked.n_chunks[-1] > 1
+    for level in ("chunks", "docs"):
+        for view in REAL_VIEWS:
+            a, b = getattr(got, level)[view], getattr(reference, level)[view]
+            assert cosine(a, b).min() >= cosine_min, (level, view)
+    if ex.runtime.dtype == "float32":
+        assert_same_vectors(got.docs, reference.docs)
+    # a block-cut job on the real model: layer 3 only runs 3 of 6 blocks
+    cut = extractor(minilm, {"l3": REAL_VIEWS["l3"]}, "openvino", dtype=dtype)
+    assert cut.needs.blocks_to_run == 3
+    l3 = cut.encode_texts(docs).docs["l3"]
+    assert cosine(l3, reference.docs["l3"]).min() >= cosine_min
