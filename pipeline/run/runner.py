@@ -18,13 +18,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import JobError, PartitionError
+from ..errors import JobError, PartitionError, StoreError
 from ..extract.model import model_fingerprint
 from ..extract.preflight import preflight
 from ..extract.source import Partition, input_identity
 from ..post.apply import fit_view
 from ..spec import Job
 from ..stores import Layout, Staging, format_named
+from ..stores.fs import check_reachable, register_options, resolve, storage_errors
 from ..stores.provenance import FORMAT_VERSION, InputFile, ModelInfo, Provenance
 from ..version import __version__
 from .executors import Executor, InProcessExecutor, OnBatch, OnDone
@@ -92,7 +93,19 @@ def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None =
             ) -> RunSummary:
     """Plan, check everything that can be checked, then (and only then) lock the store and
     run what is not done. `job_file` guards the job's folder against `output.path`;
-    `summary`, when given, is filled in place (the caller keeps it if the run fails)."""
+    `summary`, when given, is filled in place (the caller keeps it if the run fails).
+
+    An object store that cannot be reached, or refuses the credentials, is one line (exit
+    8, or 3 for the input and 5 for the store), wherever in the run it happens."""
+    # the formats and verify get only the store's path: they find its options by it
+    register_options(job.output.path, job.output.storage_options)
+    with storage_errors(job.output.path, "output.path", StoreError):
+        return _run_job(job, executor, on_done, overwrite, on_plan, job_file, summary)
+
+
+def _run_job(job: Job, executor: Executor | None, on_done: OnDone | None, overwrite: bool,
+             on_plan: OnPlan | None, job_file: str | Path | None, summary: RunSummary | None
+             ) -> RunSummary:
     started = time.perf_counter()
     # everything checkable is checked before the store is touched (nothing is created on
     # a job that cannot work)
@@ -101,6 +114,8 @@ def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None =
     model = model_fingerprint(job.model.path)
     fingerprint = run_fingerprint(job, model)
     check_output_location(job, job_file)
+    # a wrong credential or an unreachable endpoint fails here, before anything is made
+    check_reachable(resolve(job.output.path), "output.path", StoreError)
     plan = Plan(fingerprint, identity, job.execution.partition_rows)
     overwrite = overwrite or job.output.overwrite
     output = OutputSession(job.output.path, fingerprint)
