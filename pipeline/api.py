@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -115,8 +116,11 @@ class Store(StoreData):
         return search(self, texts, view, k, level, exact)
 
 
-def open_store(path: str | Path, require_complete: bool = True) -> Store:
-    """Open a complete bertpipe store (Zarr or Parquet) lazily."""
-    data = open_store_data(path, require_complete)
+def open_store(path: str | Path, require_complete: bool = True,
+               storage_options: dict[str, Any] | None = None) -> Store:
+    """Open a complete bertpipe store (Zarr or Parquet) lazily, from a local folder or an
+    fsspec URL (`s3://bucket/out/reviews.zarr`: credentials from the environment, or
+    `storage_options`, e.g. {"endpoint_url": ..., "key": "${AWS_ACCESS_KEY_ID}"})."""
+    data = open_store_data(path, require_complete, storage_options)
     return Store(data.path, data.fmt, data.provenance, data.docs, data.chunks,
                  data.token_dataset)

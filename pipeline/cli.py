@@ -20,17 +20,32 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _user_errors(fn: F) -> F:
-    """Turn a BertpipeError into `error: <message>` on stderr and its exit code."""
+    """Turn a BertpipeError into `error: <message>` on stderr and its exit code; for a
+    command on a store (`store_path`) given as a URL, a store that cannot be reached or
+    refuses the credentials too."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            store = kwargs.get("store_path")
+            if isinstance(store, str) and "://" in store:
+                from .stores.fs import storage_errors
+
+                with storage_errors(store, "store", StoreError):
+                    return fn(*args, **kwargs)
             return fn(*args, **kwargs)
         except BertpipeError as exc:
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {_scrubbed(str(exc))}", err=True)
             sys.exit(exc.exit_code)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _scrubbed(text: str) -> str:
+    """A message without any secret of the storage options or the environment."""
+    from .stores.fs import scrub
+
+    return scrub(text)
 
 
 class OneLineGroup(click.Group):
@@ -70,7 +85,8 @@ Exit codes:
   4  model cannot be loaded or lacks what a view needs (ModelError)
   5  store missing, incomplete, damaged, of another job or newer format (StoreError)
   6  partitions failed; the others are kept for a rerun (PartitionError)
-  7  scheduler unreachable (SchedulerError)"""
+  7  scheduler unreachable (SchedulerError)
+  8  object store unreachable: endpoint refused, unknown or silent (EndpointError)"""
 
 
 @click.group(cls=OneLineGroup, epilog=EXIT_CODES)
@@ -95,6 +111,9 @@ def main(ctx: click.Context, verbose: bool, quiet: bool) -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     level = logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    for chatty in ("botocore", "boto3", "aiobotocore", "s3fs", "fsspec", "urllib3"):
+        # their debug lines name access key ids and request signatures: never shown
+        logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
 set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -180,7 +199,7 @@ def _write_summary(file: str, summary: Any, error: BertpipeError | None) -> None
     """The run's JSON summary with its exit code and what that code means."""
     doc = {**summary.to_dict(), "exit_code": error.exit_code if error else 0,
            "meaning": (type(error).__doc__ or "").strip().splitlines()[0] if error else "ok",
-           "error": str(error) if error else None}
+           "error": _scrubbed(str(error)) if error else None}
     try:
         with open(file, "w") as out:
             json.dump(doc, out, indent=1)
@@ -251,7 +270,7 @@ def unlock(store_path: str) -> None:
     """
     from .stores.lock import StoreLock
 
-    lock = StoreLock(os.path.realpath(store_path))
+    lock = StoreLock(store_path if "://" in store_path else os.path.realpath(store_path))
     holder = lock.holder()
     if holder is None:
         click.echo(f"{store_path}: not locked")
@@ -452,8 +471,15 @@ def probe(store_path: str, label: str, labels_file: str | None, label_column: st
                        learning_curve=learning_curve, curve_sizes=sizes,
                        curve_repeats=curve_repeats, on_view=Progress().message)
     click.echo(table(report))
-    paths = write_outputs(report, out_dir or f"{store_path.rstrip('/')}-probe")
+    paths = write_outputs(report, out_dir or _beside(store_path, "-probe"))
     click.echo(f"wrote {paths['json']}, {paths['html']}")
+
+
+def _beside(store_path: str, suffix: str) -> str:
+    """A local folder named after the store: beside it, or for a URL in the working
+    directory (reports are local files)."""
+    path = store_path.rstrip("/")
+    return (path.rsplit("/", 1)[-1] if "://" in path else path) + suffix
 
 
 def _int_list(text: str, option: str) -> list[int]:

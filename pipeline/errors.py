@@ -50,3 +50,10 @@ class SchedulerError(BertpipeError):
     """The Dask scheduler cannot be reached, or the connection to it was lost."""
 
     exit_code = 7
+
+
+class EndpointError(BertpipeError):
+    """The object store holding the input or the output cannot be reached (connection
+    refused, name not resolved, timeout); nothing was written."""
+
+    exit_code = 8

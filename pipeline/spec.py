@@ -52,6 +52,9 @@ class InputSpec:
     text_column: str
     id_column: str | None = None
     carry_columns: tuple[str, ...] = ()
+    # fsspec options for a URL path; a string value `${NAME}` is read from the environment
+    # where the file is opened (client or worker). Never written down (see `to_dict`).
+    storage_options: dict[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class OutputSpec:
     overwrite: bool = False
     levels: tuple[str, ...] = ("docs", "chunks")
     incremental: bool = False  # encode only new and changed rows into the existing store
+    storage_options: dict[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -138,9 +142,15 @@ class Job:
     execution: ExecutionSpec = field(default_factory=ExecutionSpec)
 
     def to_dict(self) -> dict[str, Any]:
-        """The job as a plain dict in the job-file shape (views keyed by name)."""
+        """The job as a plain dict in the job-file shape (views keyed by name). It is what
+        provenance and the staging area record, so storage options keep only what is no
+        secret: `${NAME}` references, numbers and booleans; other strings become `***`."""
         raw = asdict(self)
         raw["views"] = {v.pop("name"): _without_none(v) for v in raw["views"]}
+        for section in ("input", "output"):
+            options = raw[section].pop("storage_options")
+            if options:
+                raw[section]["storage_options"] = redacted_options(options)
         return _lists_for_tuples(raw)
 
     @classmethod
@@ -180,6 +190,9 @@ class Job:
         content.pop("execution")
         for key in ("overwrite", "path", "incremental"):
             content["output"].pop(key)
+        # how the files are reached (credentials, endpoints), not what they hold
+        content["input"].pop("storage_options", None)
+        content["output"].pop("storage_options", None)
         blob = json.dumps(content, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
 
@@ -427,9 +440,10 @@ def _check_consistency(job: Job) -> None:
             raise JobError(f"{key}.post: post-processing is fitted on document vectors and a "
                            "pooling: tokens view stores token vectors only; drop post")
     _check_incremental(job)
-    if "://" in job.output.path:
-        raise JobError("output.path: object-store URLs are not supported; use a local or "
-                       "shared-filesystem path that every worker can reach")
+    for section, spec in (("input", job.input), ("output", job.output)):
+        if spec.storage_options and "://" not in spec.path:
+            raise JobError(f"{section}.storage_options: only used with a URL {section}.path "
+                           "(s3://, gs://, abfs://, ...)")
     c = job.chunking
     budget = c.max_tokens or job.model.max_tokens  # None: the model's limit, checked at load
     if c.overlap and budget and c.overlap >= budget // 2:
@@ -456,6 +470,28 @@ def _check_incremental(job: Job) -> None:
         raise JobError(f"output.incremental: views.{job.token_views[0].name} has pooling: "
                        "tokens, which incremental runs do not support; drop the token view "
                        "or run the job in full (--overwrite)")
+
+
+# A storage option `${NAME}`: the value of environment variable NAME where it is used.
+OPTION_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+REDACTED = "***"
+
+
+def redacted_options(options: dict[str, Any]) -> dict[str, Any]:
+    """What may be written down of storage options: `${NAME}` references, numbers and
+    booleans as given; every other string replaced by `***` (it may be a secret)."""
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if isinstance(value, dict):
+            out[name] = redacted_options(value)
+        elif isinstance(value, list):
+            out[name] = [REDACTED if isinstance(v, str) and not OPTION_REFERENCE.match(v)
+                         else v for v in value]
+        elif isinstance(value, str) and not OPTION_REFERENCE.match(value):
+            out[name] = REDACTED
+        else:
+            out[name] = value
+    return out
 
 
 def _absolute(path: str, base: Path) -> str:

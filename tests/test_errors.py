@@ -163,11 +163,12 @@ def test_failed_partition_is_reported_and_others_kept(tmp_path: Path, tiny_bert:
     assert parts == ["000000.done.json", "000002.done.json"]
 
 
-def test_object_store_output_is_refused(tmp_path: Path, tiny_bert: Path,
-                                        small_texts: Path) -> None:
+def test_storage_options_need_a_url(tmp_path: Path, tiny_bert: Path,
+                                    small_texts: Path) -> None:
     job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr")
-    job["output"]["path"] = "s3://bucket/out.zarr"
-    assert_user_error(extract(tmp_path, job), 2, "output.path", "not supported")
+    job["output"]["storage_options"] = {"anon": True}
+    assert_user_error(extract(tmp_path, job), 2, "output.storage_options", "URL")
+    assert not (tmp_path / "o.zarr").exists()
 
 
 def test_roberta_pooler_warns_untrained(tmp_path: Path, tiny_roberta: Path, small_texts: Path,

@@ -158,7 +158,7 @@ WRONG: list[tuple[str, Any, int, str]] = [
     ("output.dtype", "int8", 2, "output.dtype: 'int8' is not one of"),
     ("output.levels", [], 2, "output.levels: [] should be non-empty"),
     ("output.levels", ["rows"], 2, "output.levels.0: 'rows' is not one of"),
-    ("output.path", "s3://bucket/x", 2, "output.path: object-store URLs are not supported"),
+    ("output.storage_options", {"key": "k"}, 2, "output.storage_options: only used with a URL"),
     ("output.overwrite", "y", 2, "output.overwrite: 'y' is not of type 'boolean'"),
     ("batching.max_tokens_per_batch", 0, 2, "batching.max_tokens_per_batch: 0 is less than"),
     ("batching.max_batch_size", 0, 2, "batching.max_batch_size: 0 is less than"),

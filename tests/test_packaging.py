@@ -89,19 +89,21 @@ def test_every_exit_code_is_in_the_help() -> None:
     out = CliRunner().invoke(main, ["--help"])
     assert out.exit_code == 0
     codes = _codes_in(out.stdout.split("Exit codes:")[1].replace("\n     ", " "))
-    assert set(codes) == set(range(8))
+    assert set(codes) == set(range(9))
     for cls in _error_classes():
         assert cls.exit_code in codes
         if cls is not errors.BertpipeError:
             assert cls.__name__ in codes[cls.exit_code], (cls.__name__, codes[cls.exit_code])
     assert "scheduler unreachable" in codes[7]
+    assert "object store unreachable" in codes[8]
 
 
 def test_every_exit_code_is_in_the_docs() -> None:
     table = (REPO / "docs" / "exit-codes.md").read_text()
     rows = {int(m[0]): m[1] for m in re.findall(r"^\| (\d) \| ([^|]+) \|", table, re.M)}
-    assert set(rows) == set(range(8))
+    assert set(rows) == set(range(9))
     for cls in _error_classes():
         assert cls.__name__ in rows[cls.exit_code], (cls.__name__, rows[cls.exit_code])
     assert "SchedulerError" in rows[7]
+    assert "EndpointError" in rows[8]
 

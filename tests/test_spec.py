@@ -19,6 +19,8 @@ def test_shipped_jobs_validate(minilm: Path, monkeypatch: pytest.MonkeyPatch) ->
         result = CliRunner().invoke(main, ["validate", str(path), "--schema-only"])
         assert result.exit_code == 0, (path, result.output)
         assert "valid" in result.stdout and "checked" not in result.stdout
+        if "s3://" in path.read_text():
+            continue  # checked against an S3 endpoint in test_object_store
         # the full check reads the model's config and the input's footers (the model from
         # its package, wherever `make model` has not copied it to models/)
         result = CliRunner().invoke(main, ["validate", str(path), "--set",

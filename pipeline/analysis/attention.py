@@ -36,13 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from ..errors import InputError, ModelError, OptionError
 from ..extract.batching import plan_batches
 from ..extract.chunking import ChunkedPartition, Specials, chunk_partition, content_budget
 from ..extract.model import LoadedModel, load_model
-from ..extract.source import list_files, read_text
+from ..extract.source import list_files, open_input, read_text
 from ..spec import InputSpec, Job
 from .rows import count_rows, read_texts, sample_rows
 
@@ -80,9 +79,9 @@ def parse_indices(text: str | None, count: int, option: str) -> list[int]:
 def find_row(spec: InputSpec, wanted: str) -> int:
     """The global row number of id `wanted` (compared as text), or `wanted` itself as a row
     number when the job has no id column."""
-    files = list_files(spec.path)
+    files = list_files(spec.path, spec.storage_options)
     if not spec.id_column:
-        total = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+        total = sum(open_input(f, spec.storage_options).metadata.num_rows for f in files)
         try:
             row = int(wanted)
         except ValueError:
@@ -93,7 +92,7 @@ def find_row(spec: InputSpec, wanted: str) -> int:
         return row
     start = 0
     for file in files:
-        pf = pq.ParquetFile(file)
+        pf = open_input(file, spec.storage_options)
         for batch in pf.iter_batches(columns=[spec.id_column], batch_size=65536):
             ids = batch.column(0).to_pylist()
             for k, value in enumerate(ids):

@@ -49,6 +49,10 @@ def build_index(store: Store, view: str, level: str = "docs", nprobe: int = 16,
     documents, whose vectors are NaN, are left out and so never returned)."""
     if nprobe < 1:
         raise OptionError(f"--nprobe: {nprobe}; scan at least 1 list per query")
+    if "://" in store.path:
+        raise StoreError(f"{store.path}: an index is a local FAISS file beside the store; copy "
+                         "the store to a local folder to index it (search on a remote store "
+                         "scans it exactly)")
     faiss = _faiss()
     data = store.docs if level == "docs" else store.chunks
     if data is None or view not in data:
@@ -82,6 +86,8 @@ def build_index(store: Store, view: str, level: str = "docs", nprobe: int = 16,
 
 def load_index(store: Store, view: str, level: str) -> Any | None:
     """The saved index for this view, or None when absent or built from other data."""
+    if "://" in store.path:
+        return None  # indexes are built on local stores only
     path, meta = index_paths(store, view, level)
     if not path.exists() or not meta.exists():
         return None

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import InputError, JobError, ModelError
+from ..errors import InputError, JobError, ModelError, StoreError
 from ..spec import Job
+from ..stores.fs import is_url, references, resolve, storage_errors
 from .chunking import Specials, content_budget
 from .model import (
     has_pooler_weights,
@@ -60,13 +61,20 @@ class Plan:
         lines += [f"  {f.path}  {f.rows} rows" for f in self.scan.files]
         lines.append(f"partitions {len(self.partitions)} of at most "
                      f"{job.execution.partition_rows} rows")
-        state = "exists" if os.path.lexists(job.output.path) else "does not exist yet"
+        state = "exists" if _output_exists(job.output.path) else "does not exist yet"
         lines.append(f"output     {job.output.format} {job.output.path} ({state}), levels "
                      f"{', '.join(job.output.levels)}, {job.output.dtype}")
         if job.output.incremental:
             lines.append("mode       incremental: rows with new ids or changed texts are "
                          "encoded into the existing store")
         return "\n".join(lines)
+
+
+def _output_exists(path: str) -> bool:
+    if is_url(path):
+        with storage_errors(path, "output.path", StoreError):
+            return resolve(path).exists()
+    return os.path.lexists(path)
 
 
 def preflight(job: Job) -> Plan:
@@ -84,6 +92,11 @@ def preflight(job: Job) -> Plan:
         raise ModelError(f"model.path: {job.model.path!r}: {exc}") from None
     positions = max_positions_of(config, tokenizer)
     budget = content_budget(job.chunking, job.model.max_tokens, positions, specials)
+    for section, options in (("input", job.input.storage_options),
+                             ("output", job.output.storage_options)):
+        missing = references(options or {}, f"{section}.storage_options")
+        if missing:  # `${NAME}` must be set here (and on every worker)
+            raise JobError(missing[0])
     scan = scan_input(job.input)
     partitions = plan_partitions(job.input, job.execution.partition_rows, scan)
     if not partitions:

@@ -2,7 +2,9 @@
 
 Files are taken in sorted order so that row numbers (and hence output order) are
 defined; a partition is a contiguous row range inside one file, read through the row
-groups that cover it.
+groups that cover it. The input may be local or behind an fsspec URL (a prefix of
+Parquet files on S3, GCS, Azure): planning reads only the footers (ranged reads, nothing
+downloaded whole) and each worker reads the row groups of its own partitions.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +23,10 @@ import pyarrow.parquet as pq
 
 from ..errors import InputError
 from ..spec import InputSpec
+from ..stores.fs import Location, is_url, normalize_url, resolve, storage_errors
 from ..stores.provenance import InputFile
+
+Options = dict[str, Any] | None  # input.storage_options
 
 
 @dataclass(frozen=True)
@@ -45,8 +50,12 @@ class PartitionRows:
     carry: dict[str, pa.Array]  # column -> (N,)
 
 
-def list_files(path: str) -> list[str]:
-    """A file, a directory of *.parquet files, or a glob; always sorted."""
+def list_files(path: str, options: Options = None) -> list[str]:
+    """A file, a directory of *.parquet files, or a glob; always sorted. For a URL: an
+    object, a prefix (every *.parquet below it) or a glob, as URLs."""
+    if is_url(path):
+        with storage_errors(path, "input.path", InputError):
+            return _list_remote(path, options)
     if os.path.isdir(path):
         files = sorted(str(p) for p in Path(path).rglob("*.parquet") if p.is_file())
     elif any(ch in path for ch in "*?["):
@@ -58,6 +67,29 @@ def list_files(path: str) -> list[str]:
     if not files:
         raise InputError(f"input.path: no Parquet files match {path}")
     return files
+
+
+def _list_remote(path: str, options: Options) -> list[str]:
+    loc = _input(path, options)
+    if any(ch in path for ch in "*?["):
+        files = sorted(normalize_url(loc.fs.unstrip_protocol(p))
+                       for p in loc.fs.glob(loc.path) if loc.fs.isfile(p))
+        kind = "match"
+    else:
+        info = loc.info()
+        if info is None:
+            raise InputError(f"input.path: {loc} does not exist")
+        if info.get("type") == "file":
+            return [loc.url]
+        files = [loc.child(rel).url for rel in loc.files() if rel.endswith(".parquet")]
+        kind = "are under"
+    if not files:
+        raise InputError(f"input.path: no Parquet files {kind} {path}")
+    return files
+
+
+def _input(path: str, options: Options) -> Location:
+    return resolve(path, options, "input.storage_options")
 
 
 @dataclass(frozen=True)
@@ -86,8 +118,8 @@ def scan_input(spec: InputSpec) -> InputScan:
     kind across files, and the footer statistics show no null id."""
     files = []
     first: dict[str, tuple[str, pa.DataType]] = {}  # column -> (file, type) seen first
-    for file in list_files(spec.path):
-        pf = _open(file)
+    for file in list_files(spec.path, spec.storage_options):
+        pf = _open(file, spec.storage_options)
         schema = pf.schema_arrow
         check_columns(spec, schema, file)
         for key, column in _typed_columns(spec):
@@ -113,7 +145,7 @@ def plan_partitions(spec: InputSpec, partition_rows: int,
     parts: list[Partition] = []
     row = 0
     for f in scan.files:
-        footer = file_identity(f.path).footer_sha256
+        footer = file_identity(f.path, spec.storage_options).footer_sha256
         for offset in range(0, f.rows, partition_rows):
             size = min(partition_rows, f.rows - offset)
             parts.append(Partition(len(parts), f.path, row + offset, row + offset + size, offset,
@@ -124,13 +156,15 @@ def plan_partitions(spec: InputSpec, partition_rows: int,
 
 def input_identity(spec: InputSpec) -> tuple[InputFile, ...]:
     """What identifies the input, file by file, from the files' footers only."""
-    return tuple(file_identity(file) for file in list_files(spec.path))
+    return tuple(file_identity(file, spec.storage_options)
+                 for file in list_files(spec.path, spec.storage_options))
 
 
-def file_identity(file: str) -> InputFile:
+def file_identity(file: str, options: Options = None) -> InputFile:
     """Path, size, rows and the SHA-256 of the Parquet footer (schema, row groups and their
-    column statistics): a changed table changes it, and no data page is read."""
-    with open(file, "rb") as f:
+    column statistics): a changed table changes it, and no data page is read (on an object
+    store: ranged reads of the file's tail)."""
+    with storage_errors(file, "input.path", InputError), _binary(file, options) as f:
         size = f.seek(0, os.SEEK_END)
         if size < 12:
             raise InputError(f"input.path: {file} is not a readable Parquet file (too short)")
@@ -141,8 +175,16 @@ def file_identity(file: str) -> InputFile:
             raise InputError(f"input.path: {file} is not a readable Parquet file (no footer)")
         f.seek(size - 8 - length)
         footer = f.read(length)
-    return InputFile(path=file, size=size, rows=_open(file).metadata.num_rows,
+    return InputFile(path=file, size=size, rows=_open(file, options).metadata.num_rows,
                      footer_sha256=hashlib.sha256(footer).hexdigest())
+
+
+def _binary(file: str, options: Options) -> BinaryIO:
+    """The file for ranged reads: local, or remote with no read-ahead (each read is one
+    ranged GET of exactly the bytes asked for)."""
+    if is_url(file):
+        return _input(file, options).open("rb")  # type: ignore[return-value]
+    return open(file, "rb")
 
 
 def check_columns(spec: InputSpec, schema: pa.Schema, file: str) -> None:
@@ -258,12 +300,13 @@ def _check_no_null_ids(pf: pq.ParquetFile, column: str, file: str) -> None:
 
 def read_partition(spec: InputSpec, part: Partition) -> PartitionRows:
     """Rows [row_start, row_stop) of the table, reading only the row groups that hold them."""
-    pf = _open(part.file)
+    pf = _open(part.file, spec.storage_options)
     columns = list(dict.fromkeys(
         [spec.text_column, *([spec.id_column] if spec.id_column else []), *spec.carry_columns]))
     groups, first_row = _row_groups_covering(pf.metadata, part.file_offset, part.n_rows)
     try:
-        table = pf.read_row_groups(groups, columns=columns)
+        with storage_errors(part.file, "input.path", InputError):
+            table = pf.read_row_groups(groups, columns=columns)
     except (OSError, pa.ArrowException) as exc:
         last = part.file_offset + part.n_rows - 1
         raise InputError(f"input.path: {part.file} cannot be read at rows {part.file_offset}-"
@@ -296,8 +339,8 @@ def plain_array(column: pa.ChunkedArray) -> pa.Array:
 def read_text(spec: InputSpec, row: int) -> str:
     """The text of one global row (for showing chunks next to their source)."""
     start = 0
-    for file in list_files(spec.path):
-        n = _open(file).metadata.num_rows
+    for file in list_files(spec.path, spec.storage_options):
+        n = _open(file, spec.storage_options).metadata.num_rows
         if row < start + n:
             part = Partition(-1, file, row, row + 1, row - start)
             return read_partition(spec, part).texts[0] or ""
@@ -333,12 +376,19 @@ def _row_groups_covering(meta: Any, offset: int, n_rows: int) -> tuple[list[int]
     return groups, first_row or 0
 
 
-def _open(file: str) -> pq.ParquetFile:
+def _open(file: str, options: Options = None) -> pq.ParquetFile:
+    """A Parquet file, its footer read; on an object store through ranged reads only."""
     try:
-        return pq.ParquetFile(file)
+        with storage_errors(file, "input.path", InputError):
+            return pq.ParquetFile(_binary(file, options) if is_url(file) else file)
     except (OSError, pa.ArrowException) as exc:
         raise InputError(f"input.path: {file} is not a readable Parquet file "
                          f"({_first_line(exc)})") from None
+
+
+def open_input(file: str, options: Options = None) -> pq.ParquetFile:
+    """An input file (local or remote) as a ParquetFile; InputError when unreadable."""
+    return _open(file, options)
 
 
 def _first_line(exc: BaseException) -> str:

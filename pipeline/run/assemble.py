@@ -72,7 +72,7 @@ class Assembly:
 def assemble(a: Assembly, out: Staging, budget: int) -> tuple[Layout, dict[str, int]]:
     """Write the new version as staged parts; its layout and its stats (rows, chunks,
     tokens, tokens covered: a truncated row covers `budget` tokens)."""
-    out.parts.mkdir(parents=True, exist_ok=True)
+    out.parts.make_dirs()
     has_chunks = "chunks" in a.job.output.levels
     n = a.changes.rows
     indices: list[int] = []

@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, cast
 
@@ -30,7 +31,16 @@ from ..extract.partition import Extractor
 from ..extract.source import Partition
 from ..spec import Job
 from ..stores import Staging
-from .executors import Failures, OnBatch, OnDone, failure_reason, run_partition
+from ..stores.fs import register_options
+from .executors import (
+    Encoded,
+    Failures,
+    OnBatch,
+    OnDone,
+    encode_partition,
+    failure_reason,
+    stage_partition,
+)
 
 log = logging.getLogger(__name__)
 PROGRESS_TOPIC = "bertpipe-progress"
@@ -39,9 +49,13 @@ PROGRESS_TOPIC = "bertpipe-progress"
 class ExtractorPlugin(WorkerPlugin):
     """Holds the job's model on each worker, loaded once; tasks find it by name.
 
-    The model is loaded by the first task, in the task thread, not in `setup` (which runs
-    in the worker's event-loop thread): OpenMP keeps one thread team per calling thread,
-    and an idle team spinning in another thread costs ~15% on a 2-core machine.
+    The model is loaded and run in one thread of the plugin's own, for the worker's life,
+    one partition at a time: not in `setup` (the worker's event-loop thread), and not in
+    whichever pool thread runs a task, because OpenMP keeps one thread team per calling
+    thread and an idle team spinning in another thread costs ~15% on a 2-core machine.
+    Once a partition is encoded its task secedes from the worker's pool and writes it to
+    the store, so the next partition encodes while this one uploads (one write in flight
+    per worker: memory stays bounded by two partitions).
     """
 
     def __init__(self, job: Job, name: str, torch_threads: int | None):
@@ -49,45 +63,70 @@ class ExtractorPlugin(WorkerPlugin):
         self.name = name
         self.torch_threads = torch_threads
         self.threads = 1
-        self.lock: threading.Lock | None = None
+        self.encoder: ThreadPoolExecutor | None = None  # made in setup: the plugin is pickled
+        self.writing: threading.Semaphore | None = None
         self._extractor: Any = None
 
     def setup(self, worker: Any) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        # the store's options, as the client has them (`${NAME}` read from this worker's env)
+        register_options(self.job.output.path, self.job.output.storage_options)
         self.threads = self.torch_threads or worker.state.nthreads
-        # one partition at a time per worker: each uses all of the worker's torch threads
-        self.lock = threading.Lock()
+        self.encoder = ThreadPoolExecutor(1, thread_name_prefix="bertpipe-encode")
+        self.writing = threading.Semaphore(1)
 
     def teardown(self, worker: Any) -> None:
         self._extractor = None
+        if self.encoder is not None:
+            self.encoder.shutdown(wait=False)
 
     def run(self, part: Partition, store_path: str, fingerprint: str) -> dict[str, Any]:
         """{"marker": ...}, or {"setup_error": exc} when the model cannot serve the job, or
         {"error": exc} when this partition cannot be done (see the module docstring)."""
-        import torch
+        from distributed import get_worker, secede
 
-        assert self.lock is not None  # set in setup
-        with self.lock:
-            # Nanny workers start with OMP_NUM_THREADS=1 and OpenMP's thread count is per
-            # calling thread: set it in the thread that runs the forward passes.
-            torch.set_num_threads(self.threads)
-            if self._extractor is None:
-                try:
-                    self._extractor = Extractor(self.job)
-                except BertpipeError as exc:
-                    return {"setup_error": exc}
+        assert self.encoder is not None and self.writing is not None  # set in setup
+        worker = get_worker()  # captured here: the encoder thread is not a task thread
+
+        def publish_batches(part: Partition, done: int, total: int) -> None:
+            """A batch's progress as a worker event (thread-safe); the client subscribes."""
+            worker.log_event(PROGRESS_TOPIC, {"index": part.index, "done": done, "total": total})
+
+        try:
+            encoded = self.encoder.submit(self._encode, part, fingerprint,
+                                          publish_batches).result()
+        except _ModelUnusable as exc:
+            return {"setup_error": exc.error}
+        except BertpipeError as exc:
+            return {"error": exc}
+        with self.writing:  # the previous partition's write first: one in flight
+            secede()  # this task leaves the pool: the next partition starts encoding
             try:
-                return {"marker": run_partition(self._extractor, Staging(store_path), part,
-                                                fingerprint, _publish_batches)}
+                return {"marker": stage_partition(Staging(store_path), encoded)}
             except BertpipeError as exc:
                 return {"error": exc}
 
+    def _encode(self, part: Partition, fingerprint: str, on_batch: OnBatch) -> Encoded:
+        """In the encoder thread: the model (loaded by the first partition) on `part`."""
+        import torch
 
-def _publish_batches(part: Partition, done: int, total: int) -> None:
-    """A batch's progress as a worker event; the client subscribes to the topic."""
-    from distributed import get_worker
+        # Nanny workers start with OMP_NUM_THREADS=1 and OpenMP's thread count is per
+        # calling thread: set it in the thread that runs the forward passes.
+        torch.set_num_threads(self.threads)
+        if self._extractor is None:
+            try:
+                self._extractor = Extractor(self.job)
+            except BertpipeError as exc:
+                raise _ModelUnusable(exc) from None
+        return encode_partition(self._extractor, part, fingerprint, on_batch)
 
-    get_worker().log_event(PROGRESS_TOPIC, {"index": part.index, "done": done, "total": total})
+
+class _ModelUnusable(Exception):
+    """The model cannot serve the job: every partition would fail alike."""
+
+    def __init__(self, error: BertpipeError):
+        super().__init__(str(error))
+        self.error = error
 
 
 def _partition_task(part: Partition, store_path: str, fingerprint: str, plugin: str

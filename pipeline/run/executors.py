@@ -1,21 +1,29 @@
 """Executors run partitions and report each one's marker or failure.
 
 `run_partition` is the unit of work (one partition, encoded and staged); an executor
-decides where it runs. The Dask executor lives in `dask_executor` (slow to import).
+decides where it runs. Encoding and staging are two steps (`encode_partition`,
+`stage_partition`) so that an executor can write one partition to the store while it
+encodes the next: an object store's uploads then overlap the model's work. The Dask
+executor lives in `dask_executor` (slow to import).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol
+
+import pyarrow as pa
 
 from ..errors import BertpipeError
 from ..extract.partition import Extractor
 from ..extract.source import Partition
 from ..spec import Job
 from ..stores import Staging
+from ..stores.fs import scrub
 
 # on_done(partition, marker) once per finished partition: progress and bookkeeping.
 # on_batch(partition, batches done, batches planned) after each forward pass: progress only.
@@ -41,9 +49,18 @@ class Executor(Protocol):
             on_done: OnDone) -> Failures: ...
 
 
-def run_partition(extractor: Extractor, staging: Staging, part: Partition,
-                  fingerprint: str, on_batch: OnBatch | None = None) -> dict[str, Any]:
-    """Encode one partition and leave its parts and marker in the store."""
+@dataclass
+class Encoded:
+    """A partition's tables and its marker, encoded but not yet in the store."""
+
+    part: Partition
+    tables: dict[str, pa.Table | None]
+    marker: dict[str, Any]
+
+
+def encode_partition(extractor: Extractor, part: Partition, fingerprint: str,
+                     on_batch: OnBatch | None = None) -> Encoded:
+    """Read, chunk, encode and pool one partition (nothing written)."""
     start = time.perf_counter()
     extractor.encoder.on_batch = (lambda done, total: on_batch(part, done, total)) \
         if on_batch else None
@@ -58,20 +75,33 @@ def run_partition(extractor: Extractor, staging: Staging, part: Partition,
         "runtime": extractor.runtime.name,
         "seconds": time.perf_counter() - start,
     }
-    return staging.write_part(part.index, {"docs": tables.docs, "chunks": tables.chunks,
-                                           "tokens": tables.tokens}, marker)
+    return Encoded(part, {"docs": tables.docs, "chunks": tables.chunks,
+                                  "tokens": tables.tokens}, marker)
+
+
+def stage_partition(staging: Staging, encoded: Encoded) -> dict[str, Any]:
+    """Write an encoded partition's parts, then its marker, into the store."""
+    return staging.write_part(encoded.part.index, encoded.tables, encoded.marker)
+
+
+def run_partition(extractor: Extractor, staging: Staging, part: Partition,
+                  fingerprint: str) -> dict[str, Any]:
+    """Encode one partition and leave its parts and marker in the store."""
+    return stage_partition(staging, encode_partition(extractor, part, fingerprint))
 
 
 def failure_reason(exc: BaseException) -> str:
     """One line for a failed partition, the same whichever executor ran it."""
     if isinstance(exc, BertpipeError):
-        return str(exc)
-    first = (str(exc).strip().splitlines() or [""])[0]
+        return scrub(str(exc))
+    first = scrub((str(exc).strip().splitlines() or [""])[0])
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 class InProcessExecutor:
-    """Everything in this process, one partition after another (`scheduler: synchronous`)."""
+    """Everything in this process, one partition after another (`scheduler: synchronous`);
+    a partition is written to the store by a second thread while the next one encodes
+    (one write in flight: memory stays bounded by two partitions)."""
 
     def __init__(self, extractor: Extractor | None = None, on_batch: OnBatch | None = None):
         self.extractor = extractor
@@ -89,12 +119,28 @@ class InProcessExecutor:
         if not parts:
             return []
         extractor = self.extractor or Extractor(job)
-        failures = []
-        for part in parts:
+        failures: Failures = []
+        writing: tuple[Partition, Future[dict[str, Any]]] | None = None
+
+        def finish() -> None:
+            if writing is None:
+                return
+            part, future = writing
             try:
-                marker = run_partition(extractor, staging, part, fingerprint, self.on_batch)
+                marker = future.result()
             except Exception as exc:  # noqa: BLE001 - reported per partition, as Dask does
                 failures.append((part, failure_reason(exc)))
-                continue
+                return
             on_done(part, marker)
+
+        with ThreadPoolExecutor(1, thread_name_prefix="bertpipe-write") as writer:
+            for part in parts:
+                try:
+                    encoded = encode_partition(extractor, part, fingerprint, self.on_batch)
+                except Exception as exc:  # noqa: BLE001 - reported per partition
+                    failures.append((part, failure_reason(exc)))
+                    continue
+                finish()  # the previous write: at most one in flight
+                writing = (part, writer.submit(stage_partition, staging, encoded))
+            finish()
         return failures

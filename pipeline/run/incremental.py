@@ -188,7 +188,7 @@ def check_compatible(job: Job, model: dict[str, Any], current: Provenance, path:
 def _clear_published(output: OutputSession, current: Provenance) -> None:
     """Remove the staging area of an update that was published before its run could clean
     up (killed right after the switch)."""
-    staging = Staging(output.path)
+    staging = Staging(output.location)
     run = staging.run_info()
     if run is None or run.get("mode") != "incremental" or \
             run.get("base_version", -1) >= current.version:
@@ -203,7 +203,7 @@ def _stage_delta(run: _Run, store: StoreData, changes: Changes
     same delta on the same version, else started afresh."""
     job, fingerprint = run.job, run.fingerprint
     staging = Staging(store.path)
-    delta_file = staging.root / DELTA_FILE
+    delta_file = Path(staging.root.path) / DELTA_FILE  # incremental runs are local only
     partition_rows = job.execution.partition_rows
     key = hashlib.sha256(json.dumps({
         "base_version": store.provenance.version, "fingerprint": fingerprint,

@@ -1,7 +1,8 @@
 """Where a run may write, what a rerun may reuse or replace, and the lock it writes under.
 
 The rules (docs/store.md): the output may not be, contain or feed the input, and may not be
-or contain the job file's folder or the working directory; `--overwrite` replaces only a
+or contain the job file's folder or the working directory (for URLs: the same rules on
+the keys of one filesystem); `--overwrite` replaces only a
 bertpipe store or an empty folder, removing only the store's own entries; a rerun reuses an
 incomplete store only when the job, the model, the input's identity and the partitioning
 all match, and calls a complete store done only when the job, model and input match; one
@@ -14,7 +15,7 @@ import fnmatch
 import logging
 import os
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import Any
 
@@ -22,6 +23,7 @@ from ..errors import StoreError
 from ..extract.source import list_files
 from ..spec import Job
 from ..stores import Staging, format_named
+from ..stores.fs import Location, is_url, normalize_url, resolve
 from ..stores.lock import StoreLock
 from ..stores.ownership import Contents, inspect_output, remove_store
 from ..stores.provenance import InputFile, fingerprint_of, input_change, input_identity_of
@@ -32,44 +34,81 @@ log = logging.getLogger(__name__)
 MAGIC = ("*", "?", "[")
 
 
+# One object store under several names: the same keys, the same rules.
+SCHEME_ALIASES = {"s3a": "s3", "gcs": "gs", "az": "abfs", "abfss": "abfs", "local": "file"}
+
+
+def place(path: str) -> tuple[str, PurePosixPath]:
+    """Where `path` is, comparable across spellings: (filesystem scheme, absolute key)."""
+    if is_url(path):
+        scheme, key = normalize_url(path).split("://", 1)
+        return SCHEME_ALIASES.get(scheme, scheme), PurePosixPath("/" + key)
+    local = path[len("file://"):] if path.startswith("file://") else path
+    return "file", PurePosixPath(Path(local).resolve())
+
+
 def check_output_location(job: Job, job_file: str | Path | None = None) -> None:
     """Refuse an output path that is, holds or feeds the input, the job file's folder or
-    the working directory (before anything is touched)."""
-    out = Path(job.output.path).resolve()
-    guarded: list[tuple[str, Path]] = [("the working directory", Path.cwd().resolve())]
+    the working directory (before anything is touched). A URL is compared with paths of
+    its own filesystem: its keys are what could be deleted or read back as input."""
+    out_scheme, out = place(job.output.path)
+    shown = job.output.path if is_url(job.output.path) else str(out)
+    guarded: list[tuple[str, tuple[str, PurePosixPath]]] = [
+        ("the working directory", place(str(Path.cwd())))]
     if job_file is not None:
-        job_path = Path(job_file).resolve()
-        guarded += [("the job file", job_path), ("the job file's folder", job_path.parent)]
+        job_path = place(str(job_file))
+        guarded += [("the job file", job_path),
+                    ("the job file's folder", (job_path[0], job_path[1].parent))]
     source = job.input.path
-    if os.path.isdir(source):
-        guarded.append(("the input folder", Path(source).resolve()))
-    guarded += [("the input file", Path(f).resolve()) for f in list_files(source)]
-    for what, path in guarded:
+    options = job.input.storage_options
+    files = list_files(source, options)
+    folder = _input_folder(source, options)
+    if folder is not None:
+        guarded.append(("the input folder", folder))
+    guarded += [("the input file", place(f)) for f in files]
+    mine = [(what, path) for what, (scheme, path) in guarded if scheme == out_scheme]
+    for what, path in mine:
         if out == path:
-            raise StoreError(f"output.path: {out} is {what}; choose a new folder for the store "
-                             "(e.g. out/name.zarr)")
-    for what, path in guarded:
+            raise StoreError(f"output.path: {shown} is {what}; choose a new folder for the "
+                             "store (e.g. out/name.zarr)")
+    for what, path in mine:
         if out in path.parents:
-            raise StoreError(f"output.path: {out} contains {what} ({path}); choose a new "
-                             "folder for the store")
-    if os.path.isdir(source) and Path(source).resolve() in out.parents:
-        raise StoreError(f"output.path: {out} is inside the input folder {source}: its files "
+            raise StoreError(f"output.path: {shown} contains {what} ({_show(out_scheme, path)}); "
+                             "choose a new folder for the store")
+    if folder is not None and folder[0] == out_scheme and folder[1] in out.parents:
+        raise StoreError(f"output.path: {shown} is inside the input folder {source}: its files "
                          "would be read as input; choose a folder outside it")
-    if any(ch in source for ch in MAGIC) and _glob_reaches(source, out):
-        raise StoreError(f"output.path: {out} is matched by the input pattern {source}: its "
+    source_scheme, pattern = place(source)
+    if any(ch in source for ch in MAGIC) and source_scheme == out_scheme \
+            and _glob_reaches(pattern, out):
+        raise StoreError(f"output.path: {shown} is matched by the input pattern {source}: its "
                          "files would be read as input; choose a folder outside it")
 
 
-def _glob_reaches(pattern: str, out: Path) -> bool:
+def _input_folder(source: str, options: dict[str, Any] | None) -> tuple[str, PurePosixPath] | None:
+    """The input as a folder (local directory or object-store prefix), else None."""
+    if any(ch in source for ch in MAGIC):
+        return None
+    if is_url(source):
+        return place(source) if resolve(source, options, "input.storage_options").is_dir() \
+            else None
+    return place(source) if os.path.isdir(source) else None
+
+
+def _show(scheme: str, path: PurePosixPath) -> str:
+    return str(path) if scheme == "file" else f"{scheme}://{str(path).lstrip('/')}"
+
+
+def _glob_reaches(pattern: PurePosixPath, out: PurePosixPath) -> bool:
     """`out`, or a file inside it, could be matched by the glob `pattern`."""
-    pat, parts = Path(pattern).parts, out.parts
+    pat, parts = pattern.parts, out.parts
     if "**" in pat:  # recursive: anything under the folder before the first wildcard
         root = []
         for p in pat:
             if any(ch in p for ch in MAGIC):
                 break
             root.append(p)
-        return Path(*root) == out or Path(*root) in out.parents
+        return PurePosixPath(*root) == out or PurePosixPath(*root) in out.parents
     if len(parts) > len(pat):
         return False
     return all(fnmatch.fnmatchcase(a, b) for a, b in zip(parts, pat, strict=False))
@@ -127,7 +166,7 @@ def assess(job: Job, plan: Plan, overwrite: bool) -> tuple[str, Contents]:
     return "resume", contents
 
 
-def _check_input(path: Path, recorded: dict[str, Any], plan: Plan, state: str) -> None:
+def _check_input(path: str, recorded: dict[str, Any], plan: Plan, state: str) -> None:
     try:
         before = input_identity_of(recorded)
     except (KeyError, TypeError, ValueError):
@@ -148,24 +187,27 @@ def _check_input(path: Path, recorded: dict[str, Any], plan: Plan, state: str) -
 class OutputSession:
     """The output folder for one run: made if absent, locked while the run writes, and on a
     failure before any partition was staged, left as it was found (what this run created is
-    removed; a store that existed before is never removed)."""
+    removed; a store that existed before is never removed). On an object store there are no
+    folders to make or remove: only the store's own keys are written and removed."""
 
     def __init__(self, path: str | Path, fingerprint: str):
-        self.path = Path(path)
+        self.location: Location = resolve(path)
+        self.path = Path(self.location.path) if self.location.local else None
         self.fingerprint = fingerprint
-        self.lock = StoreLock(self.path)
-        self.made_dirs: list[Path] = []  # folders this run created, deepest first
+        self.lock = StoreLock(self.location)
+        self.made_dirs: list[Path] = []  # local folders this run created, deepest first
         self.made_store = False  # the store's entries are this run's (set by `prepare`)
 
     def refuse_if_locked(self) -> None:
         """Name the holder of the lock, if any, before anything else is said or done."""
-        if self.path.is_dir() and self.lock.holder() is not None:
+        if self.lock.holder() is not None:
             raise StoreError(self.lock.refusal())
 
     def __enter__(self) -> OutputSession:
         self.refuse_if_locked()
-        self.made_dirs = [p for p in (self.path, *self.path.parents) if not p.exists()]
-        self.path.mkdir(parents=True, exist_ok=True)
+        if self.path is not None:
+            self.made_dirs = [p for p in (self.path, *self.path.parents) if not p.exists()]
+        self.location.make_dirs()
         try:
             self.lock.acquire(self.fingerprint)
         except BaseException:
@@ -175,10 +217,10 @@ class OutputSession:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        undo = exc is not None and self.made_store and not Staging(self.path).markers()
+        undo = exc is not None and self.made_store and not Staging(self.location).markers()
         try:
             if undo:
-                remove_store(inspect_output(self.path))
+                remove_store(inspect_output(self.location))
         finally:
             self.lock.release()
             if undo or (exc is not None and not self.made_store):
@@ -188,13 +230,13 @@ class OutputSession:
         """Staging for this run (a new, replaced or resumed store), or None when the store is
         already complete for this job and input."""
         action, contents = assess(job, plan, overwrite)
-        staging = Staging(self.path)
+        staging = Staging(self.location)
         if action == "complete":
             return None
         if action == "replace":
             remove_store(contents)
             if contents.foreign:
-                log.warning("%s: kept entries that are not the store's: %s", self.path,
+                log.warning("%s: kept entries that are not the store's: %s", self.location,
                             contents.describe_foreign())
         self.made_store = self.made_store or action in ("create", "replace")
         # run.json first: a store is never seen without what a resume must match
@@ -203,7 +245,7 @@ class OutputSession:
                        "input_identity": [asdict(f) for f in plan.identity]})
         if action in ("create", "replace"):
             format_named(job.output.format).create(
-                str(self.path), {"complete": False, "run_fingerprint": plan.fingerprint})
+                self.location.url, {"complete": False, "run_fingerprint": plan.fingerprint})
         return staging
 
     def _remove_made_dirs(self) -> None:

@@ -15,13 +15,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import JobError, PartitionError
+from ..errors import JobError, PartitionError, StoreError
 from ..extract.model import model_fingerprint
 from ..extract.preflight import preflight
 from ..extract.source import Partition, input_identity
 from ..post.apply import fit_view
 from ..spec import Job
 from ..stores import Layout, Staging, format_named
+from ..stores.fs import check_reachable, register_options, resolve, storage_errors
 from ..stores.provenance import InputFile, RunRecord
 from .executors import Executor, InProcessExecutor, OnBatch, OnDone
 from .incremental import run_incremental
@@ -55,7 +56,20 @@ def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None =
 
     `incremental` (or `output.incremental`) updates an existing complete store with what
     is new or changed in the input (see `incremental`); `prune` then removes the rows whose
-    ids are gone from the input instead of flagging them."""
+    ids are gone from the input instead of flagging them.
+
+    An object store that cannot be reached, or refuses the credentials, is one line (exit
+    8, or 3 for the input and 5 for the store), wherever in the run it happens."""
+    # the formats and verify get only the store's path: they find its options by it
+    register_options(job.output.path, job.output.storage_options)
+    with storage_errors(job.output.path, "output.path", StoreError):
+        return _run_job(job, executor, on_done, overwrite, on_plan, job_file, summary,
+                        incremental, prune, say)
+
+
+def _run_job(job: Job, executor: Executor | None, on_done: OnDone | None, overwrite: bool,
+             on_plan: OnPlan | None, job_file: str | Path | None, summary: RunSummary | None,
+             incremental: bool, prune: bool, say: Callable[[str], None]) -> RunSummary:
     if incremental or job.output.incremental:
         if overwrite or job.output.overwrite:
             raise JobError("output.incremental: an incremental run adds to the store, "
@@ -87,6 +101,8 @@ def full_run(job: Job, executor: Executor | None = None, on_done: OnDone | None 
     model = model_fingerprint(job.model.path)
     fingerprint = run_fingerprint(job, model)
     check_output_location(job, job_file)
+    # a wrong credential or an unreachable endpoint fails here, before anything is made
+    check_reachable(resolve(job.output.path), "output.path", StoreError)
     plan = Plan(fingerprint, identity, job.execution.partition_rows)
     overwrite = overwrite or job.output.overwrite
     output = OutputSession(job.output.path, fingerprint)

@@ -3,10 +3,9 @@ into, the typed provenance, and opening a finished store (`open_store`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..errors import StoreError
 from .base import Layout, StoreFormat
+from .fs import resolve
 from .parquet_store import ParquetFormat
 from .staging import Staging
 from .zarr_store import ZarrFormat
@@ -25,7 +24,7 @@ def detect_format(path: str) -> StoreFormat:
     for fmt in FORMATS.values():
         if fmt.is_store(path):
             return fmt
-    if (Path(path) / "chunks").is_dir():
+    if resolve(path).child("chunks").is_dir():
         raise StoreError(f"{path}: docs/part-0.parquet is missing (chunks/ is there): a "
                          "damaged Parquet store")
     raise StoreError(f"{path}: not a bertpipe store (no zarr.json or docs/part-0.parquet)")

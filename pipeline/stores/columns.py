@@ -18,7 +18,7 @@ Columns without nulls keep their type. Both formats read back through `to_numpy`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import StoreError
+from .fs import Location, resolve
 
 MISSING_STRING = "\u2400"  # ␀, SYMBOL FOR NULL
 MISSING_ATTRIBUTE = "missing_value"  # the CF attribute xarray masks on
@@ -93,10 +94,14 @@ class StoredColumns:
     @classmethod
     def from_parts(cls, files: Sequence[Path]) -> StoredColumns:
         """From the staged parts' footers only (no data read)."""
+        return cls.from_metadata(pq.read_metadata(file) for file in files)
+
+    @classmethod
+    def from_metadata(cls, footers: Iterable[pq.FileMetaData]) -> StoredColumns:
+        """From the footers of the staged parts."""
         schemas: list[pa.Schema] = []
         nulls: dict[str, bool] = {}
-        for file in files:
-            meta = pq.read_metadata(file)
+        for meta in footers:
             schema = meta.schema.to_arrow_schema()
             schemas.append(schema)
             for field in schema:
@@ -110,7 +115,7 @@ class StoredColumns:
             raise StoreError(f"the partitions disagree on a column's type: {exc}") from None
         return cls(unified, nulls)
 
-    def string_widths(self, files: Sequence[Path]) -> dict[str, int]:
+    def string_widths(self, files: Sequence[Path | Location]) -> dict[str, int]:
         """Longest value (in characters, at least 1) of each string column over all parts:
         Zarr stores strings at a fixed width, which NumPy, pandas and scikit-learn take as
         they come (Zarr's variable-length strings read as NumPy's StringDType, which
@@ -121,10 +126,13 @@ class StoredColumns:
                  if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
         widths = dict.fromkeys(names, len(MISSING_STRING))
         for file in files:
-            present = [n for n in names if n in pq.read_schema(file).names]
-            if not present:
-                continue
-            table = pq.read_table(file, columns=present)
+            source = resolve(file) if isinstance(file, Path) else file
+            with source.open("rb") as f:
+                parquet = pq.ParquetFile(f)
+                present = [n for n in names if n in parquet.schema_arrow.names]
+                if not present:
+                    continue
+                table = parquet.read(columns=present)
             for name in present:
                 column = table.column(name)
                 if pa.types.is_null(column.type):  # an all-null part: nothing to measure

@@ -18,26 +18,31 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from zarr.abc.store import ByteRequest
+from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype
-from zarr.storage import LocalStore, WrapperStore
+from zarr.storage import WrapperStore
 
 from ..errors import StoreError
+from .fs import Location, resolve
 from .provenance import FileSum
 
 CHUNK_DIR = "/c/"  # Zarr v3's default chunk key encoding: <array>/c/<i>/<j>
 
 
-def file_sum(file: Path, size: int | None = None) -> FileSum | None:
-    """SHA-256 of the first `size` bytes of `file` (all of it when None); None if absent."""
-    if not file.is_file():
+def file_sum(file: Path | Location, size: int | None = None) -> FileSum | None:
+    """SHA-256 of the first `size` bytes of `file` (all of it when None); None if absent.
+    A remote file is streamed in large ranged reads, never held whole."""
+    loc = _location(file)
+    actual = loc.size()
+    if actual is None:
         return None
-    total = file.stat().st_size if size is None else size
+    total = actual if size is None else size
     h = hashlib.sha256()
     left = total
-    with file.open("rb") as f:
+    block_size = 1 << 20 if loc.local else 16 << 20  # why: one GET per block remotely
+    with loc.open("rb") as f:
         while left > 0:
-            block = f.read(min(left, 1 << 20))
+            block = f.read(min(left, block_size))
             if not block:
                 break
             h.update(block)
@@ -45,21 +50,24 @@ def file_sum(file: Path, size: int | None = None) -> FileSum | None:
     return FileSum(h.hexdigest(), total - left)
 
 
-def parquet_data_size(file: Path) -> int | None:
+def parquet_data_size(file: Path | Location) -> int | None:
     """Bytes of a Parquet file before its footer (magic, then column data); None when the
     file is absent."""
-    if not file.is_file():
+    loc = _location(file)
+    size = loc.size()
+    if size is None:
         return None
-    size = file.stat().st_size
     if size < 12:
         return size
-    with file.open("rb") as f:
-        f.seek(size - 8)
-        tail = f.read(8)
+    tail = loc.read_bytes(size - 8, size)
     footer = struct.unpack("<I", tail[:4])[0]
     start = size - 8 - footer
     # no footer to be found (truncated, overwritten): the whole file is what is there
     return start if tail[4:] == b"PAR1" and start >= 4 else size
+
+
+def _location(file: Path | Location) -> Location:
+    return file if isinstance(file, Location) else resolve(file)
 
 
 def array_of(rel: str) -> str | None:
@@ -119,16 +127,17 @@ def _sum_of(buffer: Buffer) -> FileSum:
     return FileSum(hashlib.sha256(data).hexdigest(), data.nbytes)
 
 
-class VerifiedStore(WrapperStore[LocalStore]):
-    """A local Zarr store whose reads of recorded files are checked against their checksum
-    first; a file that is missing, truncated or altered raises a StoreError naming it."""
+class VerifiedStore(WrapperStore[Store]):
+    """A Zarr store (local or fsspec) whose reads of recorded files are checked against their
+    checksum first; a file that is missing, truncated or altered raises a StoreError naming
+    it."""
 
-    def __init__(self, store: LocalStore, checksums: Mapping[str, FileSum], label: str):
+    def __init__(self, store: Store, checksums: Mapping[str, FileSum], label: str):
         super().__init__(store)
         self._checksums = dict(checksums)
         self._label = label
 
-    def _with_store(self, store: LocalStore) -> VerifiedStore:
+    def _with_store(self, store: Store) -> VerifiedStore:
         return VerifiedStore(store, self._checksums, self._label)
 
     def __reduce__(self) -> tuple[Any, ...]:  # Dask workers get a copy of the graph

@@ -1,19 +1,20 @@
 """One writer at a time: a lock file created atomically inside the store.
 
 `<store>/_bertpipe.lock` holds who took it (host, pid, start time, job fingerprint). It is
-created only if absent (a hard link of a fully written temporary file, so a reader never
-sees it half written), which on object storage is a conditional create
-(`If-None-Match: *`); `acquire` and `release` are all a run needs. While held, the lock's
-modification time is refreshed every `HEARTBEAT_S`, so a run of any length keeps it fresh.
-A lock is never taken over automatically: one whose holder is dead (on this host), or that
-was not refreshed for `STALE_AFTER_S` (any host), is reported with the command that clears
-it (`bertpipe unlock STORE`).
+created only if absent and whole: locally a hard link of a fully written temporary file,
+on an object store a conditional PUT (`If-None-Match: *` on S3, which fails with 412 when
+the key exists), so a reader never sees it half written and two runs never both hold it;
+`acquire` and `release` are all a run needs. While held it is refreshed every
+`HEARTBEAT_S` (locally its modification time, on an object store its `refreshed_unix`
+field, rewritten by the holder after checking the token is still its own), so a run of any
+length keeps it fresh. A lock is never taken over automatically: one whose holder is dead
+(on this host), or that was not refreshed for `STALE_AFTER_S` (any host), is reported with
+the command that clears it (`bertpipe unlock STORE`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import socket
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoreError
+from .fs import Location, resolve
 
 LOCK_NAME = "_bertpipe.lock"
 HEARTBEAT_S = 60.0
@@ -35,23 +37,31 @@ STALE_AFTER_S = 3600
 
 
 class StoreLock:
-    def __init__(self, store_path: str | Path):
-        self.store = Path(store_path)
-        self.path = self.store / LOCK_NAME
+    def __init__(self, store_path: str | Path | Location):
+        self.store = store_path if isinstance(store_path, Location) else resolve(store_path)
+        self.file = self.store.child(LOCK_NAME)
         self.token: str | None = None  # set while this object holds the lock
         self._stop = threading.Event()
+        self._holder: dict[str, Any] = {}
+
+    @property
+    def path(self) -> Path:
+        """The lock file of a local store."""
+        return Path(self.file.path)
 
     def acquire(self, fingerprint: str) -> None:
         """Take the lock, or raise StoreError naming the holder (and how to clear a stale one)."""
         token = uuid.uuid4().hex
+        now = time.time()
         holder = {"host": socket.gethostname(), "pid": os.getpid(),
                   "process_start": _process_start(os.getpid()),
                   "started": datetime.now(UTC).isoformat(timespec="seconds"),
-                  "started_unix": time.time(), "fingerprint": fingerprint,
+                  "started_unix": now, "refreshed_unix": now, "fingerprint": fingerprint,
                   "token": token}
-        if not _create_if_absent(self.path, json.dumps(holder, indent=1)):
+        if not self.file.create_exclusive(json.dumps(holder, indent=1).encode()):
             raise StoreError(self.refusal())
         self.token = token
+        self._holder = holder
         self._stop.clear()
         threading.Thread(target=self._heartbeat, name="bertpipe-lock", daemon=True).start()
 
@@ -60,8 +70,16 @@ class StoreLock:
         while not self._stop.wait(HEARTBEAT_S):
             if self.token != token or (self.holder() or {}).get("token") != token:
                 return  # released, or cleared by `bertpipe unlock`: never touch another's
-            with contextlib.suppress(OSError):
-                os.utime(self.path)
+            with contextlib.suppress(Exception):  # a missed beat is retried on the next
+                self._refresh()
+
+    def _refresh(self) -> None:
+        if self.file.local:
+            os.utime(self.file.path)
+            return
+        # no mtime to touch on an object store: the holder rewrites its own record
+        self._holder = {**self._holder, "refreshed_unix": time.time()}
+        self.file.write_bytes(json.dumps(self._holder, indent=1).encode())
 
     def release(self) -> None:
         """Remove the lock if it is still this object's (never another run's)."""
@@ -69,16 +87,15 @@ class StoreLock:
         if self.token is None:
             return
         if (self.holder() or {}).get("token") == self.token:
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
+            self.file.remove()
         self.token = None
 
     def holder(self) -> dict[str, Any] | None:
         """Who holds the lock, or None when there is none."""
-        for _ in range(20):  # a lock made by the fallback create may be read half written
+        for _ in range(20):  # a lock made by the O_EXCL fallback may be read half written
             try:
-                text = self.path.read_text()
-            except FileNotFoundError:
+                text = self.file.read_bytes()
+            except (FileNotFoundError, NotADirectoryError):
                 return None
             try:
                 value = json.loads(text)
@@ -87,14 +104,21 @@ class StoreLock:
                 time.sleep(0.05)
         return {}
 
+    def idle_seconds(self, holder: dict[str, Any]) -> float:
+        """Time since the holder last refreshed the lock."""
+        if self.file.local:
+            try:
+                return time.time() - os.stat(self.file.path).st_mtime
+            except FileNotFoundError:
+                return 0.0
+        refreshed = holder.get("refreshed_unix", holder.get("started_unix"))
+        return time.time() - float(refreshed) if isinstance(refreshed, (int, float)) else 0.0
+
     def stale_reason(self, holder: dict[str, Any]) -> str | None:
         """Why the holder cannot still be running, or None when it may be."""
         if not holder:
             return "the lock file is unreadable"
-        try:
-            idle = time.time() - self.path.stat().st_mtime
-        except FileNotFoundError:
-            idle = 0.0
+        idle = self.idle_seconds(holder)
         if idle > STALE_AFTER_S:
             return f"not refreshed for {idle / 3600:.1f} h"
         if holder.get("host") == socket.gethostname() and not _alive(holder):
@@ -120,35 +144,7 @@ class StoreLock:
                 "it to finish, or choose another output.path")
 
     def force_remove(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-
-
-def _create_if_absent(path: Path, content: str) -> bool:
-    """Write `path` with `content` only if it does not exist yet; False if it does."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    tmp.write_text(content)
-    try:
-        os.link(tmp, path)  # atomic create-if-absent of a file that is already complete
-        return True
-    except FileExistsError:
-        return False
-    except OSError as exc:  # file systems without hard links
-        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
-            raise
-        return _create_exclusive(path, content)
-    finally:
-        tmp.unlink()
-
-
-def _create_exclusive(path: Path, content: str) -> bool:
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w") as f:
-        f.write(content)
-    return True
+        self.file.remove()
 
 
 def _alive(holder: dict[str, Any]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -12,6 +13,7 @@ import xarray as xr
 from ..errors import StoreError
 from . import detect_format
 from .base import StoreFormat
+from .fs import register_options, resolve, storage_errors
 from .provenance import Provenance, version_of
 from .staging import STAGING_DIR
 from .verify import check_sizes
@@ -70,10 +72,22 @@ class StoreData:
         return f"Store({self.path!r}, format={self.format}, docs={n}, views={self.views})"
 
 
-def open_store_data(path: str | Path, require_complete: bool = True) -> StoreData:
-    """Open a bertpipe store (Zarr or Parquet) lazily; incomplete ones are refused."""
+def open_store_data(path: str | Path, require_complete: bool = True,
+                    storage_options: dict[str, Any] | None = None) -> StoreData:
+    """Open a bertpipe store (Zarr or Parquet) lazily; incomplete ones are refused. `path`
+    may be an fsspec URL (`s3://bucket/out/reviews.zarr`); `storage_options` go over what
+    the environment gives (a string `${NAME}` is read from the environment)."""
     path = str(path)
-    if not Path(path).exists():
+    if storage_options is not None:
+        register_options(path, storage_options)
+    with storage_errors(path, "store", StoreError):
+        return _open(path, require_complete)
+
+
+def _open(path: str, require_complete: bool) -> StoreData:
+    location = resolve(path)
+    path = path if location.local else location.url
+    if not location.exists():
         raise StoreError(f"{path}: no such store")
     fmt = detect_format(path)
     raw = fmt.read_provenance(path) or {}

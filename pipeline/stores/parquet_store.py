@@ -5,8 +5,9 @@ Each folder is a dataset on its own (`docs/part-0.parquet`), so `store/docs/*.pa
 is what DuckDB, polars, pandas and `pyarrow.dataset` read, with one schema. Views are
 `fixed_size_list<float32, D>` columns (DuckDB `FLOAT[D]`, polars `Array`; zstd,
 byte-stream-split, no dictionary); the provenance JSON sits in the docs file's metadata
-under `bertpipe`. The commit writes the chunks file first and the docs file last, each to
-a temporary name renamed into place, so a store with a docs file is a complete store.
+under `bertpipe`. The commit writes the chunks file first and the docs file last, each
+whole (locally a temporary name renamed into place; on an object store one upload that
+appears only when complete), so a store with a docs file is a complete store.
 
 An incremental update writes the new version's files in the staging area, seals the
 provenance with their checksums, then renames the chunks file and, last, the docs file
@@ -25,13 +26,13 @@ only the footer of the docs file, never its column data.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import dask
 import dask.array as da
@@ -43,6 +44,7 @@ import xarray as xr
 from ..errors import StoreError
 from .base import Layout, column_matrix, with_store_token_offsets
 from .columns import StoredColumns, has_nulls, numpy_dtype, to_numpy
+from .fs import Location, resolve
 from .integrity import file_sum, parquet_data_size
 from .provenance import FileSum, is_complete, sealed, version_of
 from .staging import STAGING_DIR, Staging
@@ -58,34 +60,33 @@ OLD_LAYOUT = "docs.parquet"
 READ_ERRORS = (OSError, pa.ArrowException)
 
 
-def level_file(root: Path, level: str) -> Path:
-    return root / level / PART
+def level_file(root: Location, level: str) -> Location:
+    return root.child(level, PART)
 TOKENS_DIR = "tokens"
 NEXT_DIR = "next"  # in the staging area: an update's new version before the switch
 
 
-def _write(file: Path, parts: Iterator[pa.Table], provenance: dict[str, Any] | None) -> None:
-    file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_name(f".{file.name}.{uuid.uuid4().hex}")
-    writer: pq.ParquetWriter | None = None
-    pending: list[pa.Table] = []
-    try:
-        for table in parts:
-            if writer is None:
-                writer = _writer(tmp, table.schema, provenance)
-            pending.append(table)
-            if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
+def _write(file: Location, parts: Iterator[pa.Table], provenance: dict[str, Any] | None) -> None:
+    with file.writer() as out:
+        writer: pq.ParquetWriter | None = None
+        pending: list[pa.Table] = []
+        try:
+            for table in parts:
+                if writer is None:
+                    writer = _writer(out, table.schema, provenance)
+                pending.append(table)
+                if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
+                    writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
+                    pending = []
+            if writer is not None and pending:
                 writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
-                pending = []
-        if writer is not None and pending:
-            writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
-    finally:
-        if writer is not None:
-            writer.close()
-    os.replace(tmp, file)
+        finally:
+            if writer is not None:
+                writer.close()  # the footer; `out` itself is closed (or discarded) by `writer()`
 
 
-def _writer(file: Path, schema: pa.Schema, provenance: dict[str, Any] | None) -> pq.ParquetWriter:
+def _writer(file: IO[bytes], schema: pa.Schema,
+            provenance: dict[str, Any] | None) -> pq.ParquetWriter:
     vectors = [f.name for f in schema if pa.types.is_fixed_size_list(f.type)]
     others = [f.name for f in schema if f.name not in vectors]
     if provenance is not None:
@@ -98,13 +99,21 @@ def _writer(file: Path, schema: pa.Schema, provenance: dict[str, Any] | None) ->
     )
 
 
-def _open(file: Path | str | _Mapped) -> pq.ParquetFile:
-    """A stored file, its page checksums verified on read; damage is a StoreError."""
+def _open(file: Location | str | _Mapped) -> pq.ParquetFile:
+    """A stored file, its page checksums verified on read; damage is a StoreError. A
+    remote file is read by ranged reads of what is asked for (the footer, a row group); a
+    mapped one from its mapping."""
+    if isinstance(file, _Mapped):
+        loc: Any = file
+        source: Any = pa.BufferReader(file.buffer)
+    else:
+        loc = resolve(file) if isinstance(file, str) else file
     try:
-        source = pa.BufferReader(file.buffer) if isinstance(file, _Mapped) else file
+        if not isinstance(file, _Mapped):
+            source = loc.path if loc.local else loc.open("rb")
         return pq.ParquetFile(source, page_checksum_verification=True)
     except READ_ERRORS as exc:
-        raise StoreError(f"{file}: damaged Parquet file ({exc})") from None
+        raise StoreError(f"{loc}: damaged Parquet file ({exc})") from None
 
 
 class _Mapped:
@@ -132,17 +141,18 @@ class _Mapped:
         return (_Mapped, (self.path,))
 
 
-def _dataset(file: Path, dim: str) -> xr.Dataset:
+def _dataset(file: Location, dim: str) -> xr.Dataset:
     """Every column as a dask array read lazily, one block per row group."""
     return _parts_dataset([file], dim)
 
 
 def file_dataset(file: Path, dim: str) -> xr.Dataset:
-    """One Parquet file (a store level or a staged part) as a lazy dataset along `dim`."""
-    return _dataset(file, dim)
+    """One local Parquet file (a store level or a staged part) as a lazy dataset along
+    `dim`."""
+    return _dataset(resolve(str(file)), dim)
 
 
-def _read_block(file: _Mapped, group: int, column: str, nulls: bool) -> np.ndarray:
+def _read_block(file: _Mapped | str, group: int, column: str, nulls: bool) -> np.ndarray:
     try:
         col = _open(file).read_row_group(group, columns=[column]).column(0)
     except READ_ERRORS as exc:
@@ -152,7 +162,7 @@ def _read_block(file: _Mapped, group: int, column: str, nulls: bool) -> np.ndarr
     return to_numpy(col, nulls)
 
 
-def _with_column(file: Path, source: str, name: str,
+def _with_column(file: Location, source: str, name: str,
                  fn: Callable[[np.ndarray], np.ndarray]) -> Iterator[pa.Table]:
     pf = _open(file)
     for g in range(pf.num_row_groups):
@@ -171,30 +181,29 @@ def _with_column(file: Path, source: str, name: str,
 
 def _conformed(staging: Staging, level: str, layout: Layout) -> Iterator[pa.Table]:
     """The staged parts of a level, each cast to the one schema they unify to."""
-    columns = StoredColumns.from_parts([staging.part_path(i, level) for i in layout.indices])
+    columns = StoredColumns.from_metadata(staging.part_schemas(level, layout.indices))
     for table in staging.read_parts(level, layout.indices):
         yield columns.conform(table)
 
 
-def _write_tokens(root: Path, staging: Staging, layout: Layout) -> None:
-    """`tokens/part-NNNNNN.parquet`, numbered in row order, written into a temporary folder
-    that replaces `tokens/` whole."""
-    tmp = root / f".{TOKENS_DIR}.{uuid.uuid4().hex}"
-    tmp.mkdir()
+def _write_tokens(root: Location, staging: Staging, layout: Layout) -> None:
+    """`tokens/part-NNNNNN.parquet`, numbered in row order. Parts left by an interrupted
+    commit go first; the store is not complete until its provenance says so."""
+    tokens = root.child(TOKENS_DIR)
+    tokens.remove_tree()
     for k, table in enumerate(_conformed(staging, "tokens", layout)):
-        _write(tmp / f"part-{k:06d}.parquet", iter([table]), None)
-    shutil.rmtree(root / TOKENS_DIR, ignore_errors=True)  # a commit interrupted after it
-    os.replace(tmp, root / TOKENS_DIR)
+        _write(tokens.child(f"part-{k:06d}.parquet"), iter([table]), None)
 
 
-def _parts_dataset(files: Sequence[Path], dim: str) -> xr.Dataset:
+def _parts_dataset(files: Sequence[Location], dim: str) -> xr.Dataset:
     """Every column of a folder of part files as dask arrays, one block per row group,
     the files concatenated in the given order."""
     blocks: dict[str, list[da.Array]] = {}
     empty: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
-    for path in files:
-        file = _Mapped(str(path))
-        pf = _open(file)
+    for file in files:
+        # local files are mapped: a reader keeps the version it opened (see the docstring)
+        source: _Mapped | str = _Mapped(file.path) if file.local else file.url
+        pf = _open(source)
         group_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
         for field in pf.schema_arrow:
             nulls = False
@@ -208,7 +217,7 @@ def _parts_dataset(files: Sequence[Path], dim: str) -> xr.Dataset:
                 dtype = numpy_dtype(field.type, nulls)
             empty.setdefault(field.name, (dims, np.empty((0, width) if width else (0,), dtype)))
             blocks.setdefault(field.name, []).extend(
-                da.from_delayed(dask.delayed(_read_block)(file, g, field.name, nulls),
+                da.from_delayed(dask.delayed(_read_block)(source, g, field.name, nulls),
                                 shape=(rows, width) if width else (rows,), dtype=dtype)
                 for g, rows in enumerate(group_rows))
     return xr.Dataset({
@@ -216,14 +225,15 @@ def _parts_dataset(files: Sequence[Path], dim: str) -> xr.Dataset:
         for name, (dims, zero) in empty.items()})
 
 
-def _metadata(file: Path) -> dict[str, Any] | None:
+def _metadata(file: Location) -> dict[str, Any] | None:
     raw = (_open(file).schema_arrow.metadata or {}).get(METADATA_KEY)
     return json.loads(raw) if raw else None
 
 
-def _replace_footer(file: Path, provenance: dict[str, Any]) -> None:
+def _replace_footer(file: Location, provenance: dict[str, Any]) -> None:
     """Rewrite only the footer of `file` with `provenance` in its metadata: the column data
-    (and so its recorded checksum) stays byte for byte what it was."""
+    (and so its recorded checksum) stays byte for byte what it was. The file is replaced
+    whole (an object store has no in-place edit), the data copied in large blocks."""
     pf = _open(file)
     data_size = parquet_data_size(file)
     if data_size is None:
@@ -231,28 +241,21 @@ def _replace_footer(file: Path, provenance: dict[str, Any]) -> None:
     schema = pf.schema_arrow
     metadata = {**(schema.metadata or {}),
                 METADATA_KEY: json.dumps(provenance, default=str).encode()}
-    footer = file.with_name(f".{file.name}.{uuid.uuid4().hex}.footer")
-    tmp = file.with_name(f".{file.name}.{uuid.uuid4().hex}")
-    try:
-        # a metadata-only Parquet file: magic, then the footer describing pf's row groups
-        pq.write_metadata(schema.with_metadata(metadata), footer, metadata_collector=[pf.metadata])
-        with tmp.open("wb") as out, file.open("rb") as data, footer.open("rb") as new:
-            for block in _blocks(data, data_size):
-                out.write(block)
-            new.seek(4)  # the footer file's leading magic: the data already starts with one
-            shutil.copyfileobj(new, out)
-        os.replace(tmp, file)
-    finally:
-        footer.unlink(missing_ok=True)
-        tmp.unlink(missing_ok=True)
+    # a metadata-only Parquet file: magic, then the footer describing pf's row groups
+    footer = io.BytesIO()
+    pq.write_metadata(schema.with_metadata(metadata), footer, metadata_collector=[pf.metadata])
+    with file.writer() as out, file.open("rb") as data:
+        for block in _blocks(data, data_size, str(file), 1 << 20 if file.local else 16 << 20):
+            out.write(block)
+        out.write(footer.getvalue()[4:])  # its leading magic: the data starts with one
 
 
-def _blocks(stream: Any, size: int) -> Iterator[bytes]:
+def _blocks(stream: Any, size: int, name: str, block_size: int) -> Iterator[bytes]:
     left = size
     while left > 0:
-        block = stream.read(min(left, 1 << 20))
+        block = stream.read(min(left, block_size))
         if not block:
-            raise StoreError(f"{stream.name}: shorter than its footer says")
+            raise StoreError(f"{name}: shorter than its footer says")
         left -= len(block)
         yield block
 
@@ -263,49 +266,46 @@ class ParquetFormat:
     name = "parquet"
 
     def create(self, path: str, provenance: dict[str, Any]) -> None:
-        Path(path).mkdir(parents=True, exist_ok=True)
+        resolve(path).make_dirs()
 
     def is_store(self, path: str) -> bool:
-        root = Path(path)
-        if (root / OLD_LAYOUT).is_file() and not (root / DOCS_FILE).exists():
+        root = resolve(path)
+        if root.child(OLD_LAYOUT).is_file() and not root.child(DOCS_FILE).exists():
             raise StoreError(f"{path}: a Parquet store in the layout before tables had folders "
                              "(docs.parquet); rerun its job with --overwrite to rewrite it")
-        return (root / DOCS_FILE).exists()
+        return root.child(DOCS_FILE).exists()
 
     def read_provenance(self, path: str) -> dict[str, Any] | None:
-        file = Path(path) / DOCS_FILE
+        file = resolve(path).child(DOCS_FILE)
         return _metadata(file) if file.exists() else None
 
     def data_files(self, path: str) -> list[str]:
-        root = Path(path)
-        files = [name for name in LEVEL_FILES if (root / name).is_file()]
-        tokens = root / TOKENS_DIR
-        if tokens.is_dir():
-            files += [f"{TOKENS_DIR}/{f.name}" for f in sorted(tokens.glob("part-*.parquet"))]
-        post = root / "post"
-        if post.is_dir():
-            files += [f"post/{f.name}" for f in sorted(post.glob("*.npz"))
-                      if not f.name.startswith(".")]
+        root = resolve(path)
+        files = [name for name in LEVEL_FILES if root.child(name).is_file()]
+        tokens = root.child(TOKENS_DIR).glob("part-*.parquet")
+        files += [f"{TOKENS_DIR}/{f.name}" for f in tokens]
+        files += [f"post/{rel}" for rel in root.child("post").files()
+                  if "/" not in rel and rel.endswith(".npz") and not rel.startswith(".")]
         return files
 
     def checked_size(self, path: str, rel: str) -> int | None:
-        file = Path(path) / rel
+        file = resolve(path).child(rel)
         if rel.endswith(".parquet"):
             return parquet_data_size(file)
-        return file.stat().st_size if file.is_file() else None
+        return file.size()
 
     def file_sum(self, path: str, rel: str) -> FileSum | None:
         size = self.checked_size(path, rel)
-        return None if size is None else file_sum(Path(path) / rel, size)
+        return None if size is None else file_sum(resolve(path).child(rel), size)
 
     def row_counts(self, path: str) -> dict[str, tuple[str, int]]:
-        root = Path(path)
-        return {name: (name.split("/")[0], _open(root / name).metadata.num_rows)
-                for name in LEVEL_FILES if (root / name).is_file()}
+        root = resolve(path)
+        return {name: (name.split("/")[0], _open(root.child(name)).metadata.num_rows)
+                for name in LEVEL_FILES if root.child(name).is_file()}
 
     def commit(self, path: str, staging: Staging, layout: Layout,
                provenance: dict[str, Any]) -> None:
-        root = Path(path)
+        root = resolve(path)
         if layout.has_tokens:
             _write_tokens(root, staging, layout)
         if layout.has_chunks:
@@ -315,7 +315,7 @@ class ParquetFormat:
         _write(level_file(root, "docs"), docs, provenance)
 
     def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
-        root = Path(path)
+        root = resolve(path)
         docs = _dataset(level_file(root, "docs"), "doc")
         docs = docs.set_coords("id")
         chunks_file = level_file(root, "chunks")
@@ -323,10 +323,8 @@ class ParquetFormat:
         return docs, chunks
 
     def open_tokens(self, path: str) -> xr.Dataset | None:
-        folder = Path(path) / TOKENS_DIR
-        if not folder.is_dir():
-            return None
-        return _parts_dataset(sorted(folder.glob("part-*.parquet")), "piece")
+        parts = resolve(path).child(TOKENS_DIR).glob("part-*.parquet")
+        return _parts_dataset(parts, "piece") if parts else None
 
     def add_view(self, path: str, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
                  levels: Sequence[str]) -> None:
@@ -336,18 +334,19 @@ class ParquetFormat:
         the view.
         """
         for level in levels:
-            file = level_file(Path(path), level)
+            file = level_file(resolve(path), level)
             _write(file, _with_column(file, source, name, fn), _metadata(file))
 
     def write_params(self, path: str, name: str, params: dict[str, np.ndarray]) -> None:
-        folder = Path(path) / "post"
-        folder.mkdir(exist_ok=True)
-        tmp = folder / f".{name}.{uuid.uuid4().hex}.npz"
-        np.savez(tmp, **params)  # type: ignore[arg-type]  # numpy stubs miss **kwargs arrays
-        os.replace(tmp, folder / f"{name}.npz")
+        folder = resolve(path).child("post")
+        folder.make_dirs()
+        buffer = io.BytesIO()
+        np.savez(buffer, **params)  # type: ignore[arg-type]  # numpy stubs miss **kwargs arrays
+        folder.child(f"{name}.npz").write_bytes(buffer.getvalue())
 
     def read_params(self, path: str, name: str) -> dict[str, np.ndarray]:
-        with np.load(Path(path) / "post" / f"{name}.npz") as data:
+        raw = resolve(path).child("post", f"{name}.npz").read_bytes()
+        with np.load(io.BytesIO(raw)) as data:
             return {key: data[key] for key in data.files}
 
     def update_provenance(self, path: str, provenance: dict[str, Any]) -> None:
@@ -355,7 +354,7 @@ class ParquetFormat:
         if is_complete(provenance):
             provenance = sealed(provenance, {rel: sum_ for rel in self.data_files(path)
                                              if (sum_ := self.file_sum(path, rel))})
-        _replace_footer(Path(path) / DOCS_FILE, provenance)
+        _replace_footer(resolve(path).child(DOCS_FILE), provenance)
 
     def write_version(self, path: str, version: int, staging: Staging, layout: Layout,
                       params: dict[str, dict[str, np.ndarray]]) -> None:
@@ -363,8 +362,8 @@ class ParquetFormat:
         them into place). Fitted parameters do not change in an update: post/ stays."""
         if layout.has_tokens:
             raise StoreError(f"{path}: incremental runs do not support token views")
-        root = _next_root(path)
-        shutil.rmtree(root, ignore_errors=True)  # what a killed update left of it
+        shutil.rmtree(_next_root(path), ignore_errors=True)  # what a killed update left
+        root = resolve(str(_next_root(path)))
         if layout.has_chunks:
             _write(level_file(root, "chunks"), _conformed(staging, "chunks", layout), None)
         docs = (t.drop_columns(["row"]) for t in _conformed(staging, "docs", layout))
@@ -379,7 +378,7 @@ class ParquetFormat:
                 if (sum_ := self.file_sum(str(staged), rel))}
         sums.update({rel: sum_ for rel in self.data_files(path) if rel.startswith("post/")
                      and (sum_ := self.file_sum(path, rel))})
-        _replace_footer(staged / DOCS_FILE, sealed(provenance, sums))
+        _replace_footer(resolve(str(staged / DOCS_FILE)), sealed(provenance, sums))
         self.recover(path)
 
     def recover(self, path: str) -> None:
@@ -387,7 +386,7 @@ class ParquetFormat:
         its version is the one to publish (rename the chunks file, then the docs file)."""
         staged = _next_root(path)
         docs = staged / DOCS_FILE
-        if not docs.is_file() or not is_complete(_metadata(docs)):
+        if not docs.is_file() or not is_complete(_metadata(resolve(str(docs)))):
             return
         root = Path(path)
         chunks = staged / LEVEL_FILES[1]

@@ -1,28 +1,30 @@
 """Per-partition parts inside the output store, with completion markers for resume.
 
-Workers write each finished partition as Parquet parts under `<store>/_bertpipe/parts/`
-(write to a temporary name, then rename: a part is either whole or absent), then a
-`<index>.done.json` marker with the row range, the identity of the input file it was read
-from (its footer digest), the run fingerprint and the checksums of the part files.
-`run.json` records what the whole run must match to be resumed: the run fingerprint, the
-partitioning and the input's identity. The final store is assembled from the parts once
-every partition is done; until then nothing reads as complete.
+Workers write each finished partition as Parquet parts under `<store>/_bertpipe/parts/`,
+straight into the store wherever it lives (a local folder or an object store: no path the
+client alone can see), then a `<index>.done.json` marker with the row range, the identity
+of the input file it was read from (its footer digest), the run fingerprint and the
+checksums of the part files. A part is written whole (locally a temporary name renamed
+into place, on an object store one PUT), so it is either whole or absent, and its marker
+comes after it. `run.json` records what the whole run must match to be resumed: the run
+fingerprint, the partitioning and the input's identity. The final store is assembled from
+the parts once every partition is done; until then nothing reads as complete.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import json
-import os
-import shutil
-import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..fileutil import sha256_file, write_json_atomic
+from .fs import Location, resolve
 
 STAGING_DIR = "_bertpipe"
 LEVELS = ("docs", "chunks", "tokens")
@@ -32,30 +34,31 @@ class Staging:
     """The staging area of a store; `area` names the folder of parts (`parts` for the
     partitions a run encodes, another name for parts assembled from them)."""
 
-    def __init__(self, store_path: str | Path, area: str = "parts"):
-        self.root = Path(store_path) / STAGING_DIR
-        self.parts = self.root / area
+    def __init__(self, store_path: str | Path | Location, area: str = "parts"):
+        self.store = store_path if isinstance(store_path, Location) else resolve(store_path)
+        self.root = self.store.child(STAGING_DIR)
+        self.parts = self.root.child(area)
 
     @property
     def exists(self) -> bool:
-        return (self.root / "run.json").exists()
+        return self.root.child("run.json").exists()
 
     def begin(self, run: dict[str, Any]) -> None:
-        self.parts.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.root / "run.json", run)
+        self.parts.make_dirs()
+        self.root.child("run.json").write_json(run)
 
     def run_info(self) -> dict[str, Any] | None:
         try:
-            info = json.loads((self.root / "run.json").read_text())
+            info = json.loads(self.root.child("run.json").read_bytes())
         except (FileNotFoundError, NotADirectoryError):
             return None
         except ValueError:
             return {}  # damaged: belongs to no run, so it matches none
         return info if isinstance(info, dict) else {}
 
-    def markers(self) -> list[Path]:
+    def markers(self) -> list[Location]:
         """Marker files present, whatever run wrote them."""
-        return sorted(self.parts.glob("*.done.json"))
+        return self.parts.glob("*.done.json")
 
     def write_part(self, index: int, tables: dict[str, pa.Table | None],
                    marker: dict[str, Any]) -> dict[str, Any]:
@@ -64,14 +67,14 @@ class Staging:
         for level, table in tables.items():
             if table is None:
                 continue
-            path = self.part_path(index, level)
-            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+            buffer = io.BytesIO()
             # why: parts are read back whole at commit; no dictionary for float vectors
-            pq.write_table(table, tmp, compression="zstd", use_dictionary=False)
-            os.replace(tmp, path)
-            checksums[level] = sha256_file(path)
+            pq.write_table(table, buffer, compression="zstd", use_dictionary=False)
+            data = buffer.getvalue()
+            self.part(index, level).write_bytes(data)
+            checksums[level] = hashlib.sha256(data).hexdigest()
         marker = {**marker, "index": index, "sha256": checksums}
-        write_json_atomic(self.marker_path(index), marker)
+        self.marker(index).write_json(marker)
         return marker
 
     def done(self, fingerprint: str) -> dict[int, dict[str, Any]]:
@@ -79,32 +82,48 @@ class Staging:
         found = {}
         for path in self.markers():
             try:
-                marker = json.loads(path.read_text())
-            except ValueError:
-                continue  # a marker is written atomically; a damaged one is not trusted
-            if marker.get("fingerprint") != fingerprint:
+                marker = json.loads(path.read_bytes())
+            except (ValueError, FileNotFoundError):
+                continue  # a marker is written whole; a damaged one is not trusted
+            if not isinstance(marker, dict) or marker.get("fingerprint") != fingerprint:
                 continue
-            intact = all(
-                self.part_path(marker["index"], level).exists()
-                and sha256_file(self.part_path(marker["index"], level)) == digest
-                for level, digest in marker["sha256"].items())
-            if intact:
+            if all(self._intact(marker["index"], level, digest)
+                   for level, digest in marker["sha256"].items()):
                 found[int(marker["index"])] = marker
         return found
 
-    def read_parts(self, level: str, indices: list[int]) -> Iterator[pa.Table]:
+    def _intact(self, index: int, level: str, digest: str) -> bool:
+        try:
+            data = self.part(index, level).read_bytes()
+        except FileNotFoundError:
+            return False
+        return hashlib.sha256(data).hexdigest() == digest
+
+    def read_parts(self, level: str, indices: Sequence[int]) -> Iterator[pa.Table]:
         for index in indices:
-            yield pq.read_table(self.part_path(index, level))
+            yield pq.read_table(io.BytesIO(self.part(index, level).read_bytes()))
+
+    def part_schemas(self, level: str, indices: Sequence[int]) -> Iterator[pq.FileMetaData]:
+        """The footers of the parts of `level` (no column data read)."""
+        for index in indices:
+            with self.part(index, level).open("rb") as f:
+                yield pq.read_metadata(f)
+
+    def part(self, index: int, level: str) -> Location:
+        return self.parts.child(f"{index:06d}.{level}.parquet")
 
     def part_path(self, index: int, level: str) -> Path:
-        return self.parts / f"{index:06d}.{level}.parquet"
+        """A local part's path (local stores only; `part` works everywhere)."""
+        return Path(self.part(index, level).path)
 
-    def marker_path(self, index: int) -> Path:
-        return self.parts / f"{index:06d}.done.json"
+    def marker(self, index: int) -> Location:
+        return self.parts.child(f"{index:06d}.done.json")
 
     def remove(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        with contextlib.suppress(OSError):  # what is left is removed with the next store
+            self.root.remove_tree()
 
     def remove_parts(self) -> None:
         """Empty this area's folder of parts (the rest of the staging area stays)."""
-        shutil.rmtree(self.parts, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.parts.remove_tree()

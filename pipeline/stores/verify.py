@@ -9,6 +9,7 @@ from pathlib import Path
 from ..errors import StoreError
 from . import detect_format
 from .base import StoreFormat
+from .fs import resolve
 from .integrity import describe, size_problem, sum_problem, where
 from .provenance import Provenance, is_complete, recorded_checksums
 
@@ -41,7 +42,7 @@ def verify_store(path: str | Path) -> list[str]:
     format version, raises StoreError.
     """
     path = str(path)
-    if not Path(path).exists():
+    if not resolve(path).exists():
         raise StoreError(f"{path}: no such store")
     fmt = detect_format(path)
     raw = fmt.read_provenance(path)

@@ -12,10 +12,18 @@ An incremental update writes a whole new version of the arrays into the group
 that names the current version, with the checksums of the new version's files. The
 previous version is retired: its metadata documents are removed, so no new reader opens
 it, while its chunks stay for the readers that opened it before, until the next update.
+
+A store path may be an fsspec URL: the arrays are then read and written through zarr's
+`FsspecStore` with the storage options registered for the URL (`fs.resolve`). Object
+stores have no rename, so a view replaced in place is written under a temporary name and
+its keys copied (server side) to the final name; the provenance, written last, is what
+makes any of it part of the store.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import shutil
 import warnings
@@ -29,11 +37,13 @@ import pyarrow as pa
 import xarray as xr
 import zarr
 import zarr.codecs
-from zarr.storage import LocalStore
+from zarr.abc.store import Store
+from zarr.storage import FsspecStore, LocalStore
 
 from ..errors import StoreError
 from .base import Layout, column_matrix, with_store_token_offsets
 from .columns import MISSING_ATTRIBUTE, StoredColumns, strings_as_objects
+from .fs import Location, filesystem, protocol_of, resolve
 from .integrity import VerifiedStore, file_sum
 from .provenance import FileSum, is_complete, recorded_checksums, sealed, version_of
 from .staging import Staging
@@ -104,8 +114,8 @@ def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int
 
 def _write_tokens(root: zarr.Group, staging: Staging, layout: Layout) -> None:
     """The tokens level: one row per stored token, in row then position order."""
-    files = [staging.part_path(i, "tokens") for i in layout.indices]
-    columns = StoredColumns.from_parts(files)
+    files = [staging.part(i, "tokens") for i in layout.indices]
+    columns = StoredColumns.from_metadata(staging.part_schemas("tokens", layout.indices))
     parts = (t.drop_columns(TOKEN_FIELDS_NOT_STORED)
              for t in staging.read_parts("tokens", layout.indices))
     _write_level(root, "tokens", parts, layout.n_tokens, columns, columns.string_widths(files))
@@ -174,6 +184,19 @@ def _describe(root: Any, provenance: dict[str, Any]) -> None:
                 array.update_attributes(attrs)
 
 
+def _move_array(group: Location, source: str, target: str) -> None:
+    """Array `source` of a group becomes `target` (replacing it). Local: a rename of its
+    folder. Object store: no rename, so its keys are copied to the new name (server side),
+    then the old ones removed."""
+    if group.local:
+        shutil.rmtree(Path(group.path, target), ignore_errors=True)
+        os.replace(Path(group.path, source), Path(group.path, target))
+        return
+    group.child(target).remove_tree()
+    group.child(source).copy_tree_to(group.child(target))
+    group.child(source).remove_tree()
+
+
 LEVEL_TEXT = {"docs": "one row per input row (dimension doc, coordinate id); a variable per "
                       "view and per carried column; bertpipe provenance at the store's root",
               "chunks": "one row per chunk (dimension chunk); doc is the document's row"}
@@ -194,12 +217,59 @@ class _Guarded:
                              "the store is damaged") from None
 
 
+def zarr_store(path: str, read_only: bool = False) -> Store:
+    """The Zarr store at `path`: a LocalStore, or an FsspecStore for a URL (with the
+    storage options registered for it)."""
+    loc = resolve(path)
+    if loc.local:
+        return LocalStore(loc.path, read_only=read_only)
+    return FsspecStore(_async_fs(loc), path=loc.path, read_only=read_only)
+
+
+def _async_fs(loc: Location) -> Any:
+    """The asynchronous twin of a location's filesystem (what FsspecStore needs), cached
+    like every filesystem (zarr runs all its IO on one event loop, so one is enough)."""
+    protocol = protocol_of(loc.url)
+    opened = filesystem(protocol, {**loc.options, "asynchronous": True}) \
+        if protocol != "memory" else loc.fs
+    if opened.async_impl:
+        _close_at_exit(opened)
+        return opened
+    from fsspec.implementations.asyn_wrapper import AsyncFileSystemWrapper
+
+    return AsyncFileSystemWrapper(opened, asynchronous=True)
+
+
+_closing: set[int] = set()
+
+
+def _close_at_exit(opened: Any) -> None:
+    """Close an asynchronous filesystem's connections when the process ends (s3fs does it
+    only for its synchronous instances; aiohttp would complain of an unclosed session)."""
+    if id(opened) in _closing:
+        return
+    _closing.add(id(opened))
+
+    def close() -> None:
+        creator = getattr(opened, "_s3creator", None)
+        if creator is not None:
+            with contextlib.suppress(Exception):
+                type(opened).close_session(None, creator)
+
+    atexit.register(close)
+
+
+def _open_group(path: str, **kwargs: Any) -> Any:
+    """zarr.open_group on the store at `path` (local or URL)."""
+    return zarr.open_group(zarr_store(path, read_only=kwargs.get("mode") == "r"), **kwargs)
+
+
 def _verified_group(path: str, writable: bool = False) -> Any:
     """The current version's group (the root for version 0), opened so that every recorded
     file is checked as it is read."""
     provenance = ZarrFormat().read_provenance(path)
-    local = LocalStore(path, read_only=not writable)
-    store = VerifiedStore(local, recorded_checksums(provenance), path)
+    store = VerifiedStore(zarr_store(path, read_only=not writable),
+                          recorded_checksums(provenance), path)
     if writable:
         root = zarr.open_group(store, mode="a", use_consolidated=False)
     else:
@@ -219,14 +289,14 @@ class ZarrFormat:
     def create(self, path: str, provenance: dict[str, Any]) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            zarr.open_group(path, mode="a", attributes={"bertpipe": provenance})
+            _open_group(path, mode="a", attributes={"bertpipe": provenance})
 
     def is_store(self, path: str) -> bool:
-        return (Path(path) / "zarr.json").exists()
+        return resolve(path).child("zarr.json").exists()
 
     def read_provenance(self, path: str) -> dict[str, Any] | None:
         try:
-            group = zarr.open_group(path, mode="r")
+            group = _open_group(path, mode="r")
         except (FileNotFoundError, ValueError, zarr.errors.GroupNotFoundError):
             return None
         prov = group.attrs.get("bertpipe")
@@ -236,12 +306,13 @@ class ZarrFormat:
                provenance: dict[str, Any]) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # string arrays: zarr warns the vlen spec is young
-            root = zarr.open_group(path, mode="a", use_consolidated=False)
+            root = _open_group(path, mode="a", use_consolidated=False)
             for level, n in (("docs", layout.n_docs), ("chunks", layout.n_chunks)):
                 if level == "chunks" and not layout.has_chunks:
                     continue
-                files = [staging.part_path(i, level) for i in layout.indices]
-                columns = StoredColumns.from_parts(files)
+                files = [staging.part(i, level) for i in layout.indices]
+                columns = StoredColumns.from_metadata(staging.part_schemas(level,
+                                                                           layout.indices))
                 parts = staging.read_parts(level, layout.indices)
                 if level == "docs":
                     parts = with_store_token_offsets(parts)
@@ -292,14 +363,12 @@ class ZarrFormat:
                             dimension_names=(src.metadata.dimension_names[0], f"{name}_dim"),
                             overwrite=True)
                     out[start : start + len(block)] = block
-                level_dir = Path(path) / _current_prefix(path) / level
-                shutil.rmtree(level_dir / name, ignore_errors=True)
-                os.replace(level_dir / tmp_name, level_dir / name)
+                _move_array(resolve(path).child(_current_prefix(path) + level), tmp_name, name)
 
     def write_params(self, path: str, name: str, params: dict[str, np.ndarray]) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            root: Any = zarr.open_group(path, mode="a", use_consolidated=False)
+            root: Any = _open_group(path, mode="a", use_consolidated=False)
             prefix = _current_prefix(path)
             _write_params(root[prefix.rstrip("/")] if prefix else root, name, params)
 
@@ -311,11 +380,11 @@ class ZarrFormat:
         """Write the provenance; a complete one is sealed with every data file's checksum."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            root = zarr.open_group(path, mode="a", use_consolidated=False)
+            root = _open_group(path, mode="a", use_consolidated=False)
             if is_complete(provenance):
                 provenance = self._sealed(path, root, provenance)
             root.update_attributes({"bertpipe": provenance})
-            zarr.consolidate_metadata(path)
+            zarr.consolidate_metadata(root.store)
 
     def _sealed(self, path: str, root: Any, provenance: dict[str, Any]) -> dict[str, Any]:
         """`provenance` with the checksum of every file of the version it names; the
@@ -331,24 +400,23 @@ class ZarrFormat:
         return self._files_of(path, version_of(self.read_provenance(path)))
 
     def _files_of(self, path: str, version: int) -> list[str]:
-        root = Path(path)
+        root = resolve(path)
+        prefix = version_prefix(version)
         files = []
         for top in DATA_DIRS:
-            for file in sorted((root / version_prefix(version) / top).rglob("*")):
-                rel = file.relative_to(root)
-                if file.is_file() and not any(p.startswith(".") for p in rel.parts):
-                    files.append(rel.as_posix())
+            for rel in root.child(prefix + top).files():
+                if not any(p.startswith(".") for p in rel.split("/")):
+                    files.append(f"{prefix}{top}/{rel}")
         return files
 
     def file_sum(self, path: str, rel: str) -> FileSum | None:
-        return file_sum(Path(path) / rel)
+        return file_sum(resolve(path).child(rel))
 
     def checked_size(self, path: str, rel: str) -> int | None:
-        file = Path(path) / rel
-        return file.stat().st_size if file.is_file() else None
+        return resolve(path).child(rel).size()
 
     def row_counts(self, path: str) -> dict[str, tuple[str, int]]:
-        root: Any = _version_group(zarr.open_group(path, mode="r"),
+        root: Any = _version_group(_open_group(path, mode="r"),
                                    version_of(self.read_provenance(path)))
         counts = {"ids": ("docs", int(root["ids"].shape[0]))} if "ids" in root else {}
         for level in ("docs", "chunks"):
