@@ -889,3 +889,17 @@ def test_updated_parquet_store_globs_in_duckdb_and_polars(tmp_path: Path,
     ids = [row[0] for row in con.execute(f"select id from '{glob}'").fetchall()]
     assert ids == np.asarray(store.docs["id"].values).tolist()
     assert con.execute(f"select count(*) from '{glob}' where not present").fetchall() == [(0,)]
+
+
+def test_object_store_urls_are_refused_up_front(tmp_path: Path, tiny_bert: Path) -> None:
+    source = tmp_path / "in.parquet"
+    pq.write_table(_reviews().slice(0, 5), source)
+    job_file = write_job(tmp_path / "job.yaml", job_dict(source, tiny_bert, tmp_path / "o.zarr"))
+    refused = CliRunner().invoke(main, ["validate", str(job_file), "--set",
+                                        "output.path=memory://bucket/out.zarr", "--set",
+                                        "output.incremental=true"])
+    assert refused.exit_code == 2
+    assert refused.stderr.strip().splitlines() == [
+        f"error: {job_file}: output.incremental: incremental runs update local or "
+        "shared-filesystem stores only, not object-store URLs; run the job in full "
+        "(--overwrite)"]
