@@ -12,7 +12,7 @@ export TRANSFORMERS_VERBOSITY := error
 PEER_VENV  := benchmarks/work/peer-venv
 PEER_MODEL := benchmarks/work/peer-model
 
-.PHONY: install model demo test test-fast lint schemas check-wheel peers bench bench-chunking bench-scaling bench-gpu \
+.PHONY: install model demo test test-fast lint schemas check-wheel peers bench bench-overlap bench-chunking bench-scaling bench-tokens bench-gpu \
         bench-incremental clean
 
 install: $(VENV)/.installed
@@ -72,11 +72,20 @@ bench: install model peers
 bench-incremental: install model
 	$(PY) benchmarks/incremental.py
 
+# whole process against its encoder alone (OpenVINO on the CPU), 10k distinct rows
+bench-overlap: install model
+	$(PY) benchmarks/overlap.py $(OVERLAP_ARGS)
+
 bench-chunking: install model
 	$(PY) benchmarks/chunking.py
 
 bench-scaling: install model
 	$(PY) benchmarks/scaling.py
+
+# A token view against a pooled view, Zarr and Parquet: speed and bytes per token stored
+# (about 20 minutes on 2 cores; TOKENS_ARGS="--rows 200" for less).
+bench-tokens: install model
+	$(PY) benchmarks/tokens.py $(TOKENS_ARGS)
 
 # On a machine with one NVIDIA GPU: make bench-gpu TORCH=torch (a CUDA build of torch).
 bench-gpu: install

@@ -74,7 +74,7 @@ def main() -> None:
         jobs[name] = write_job(f"chunking-{i}", path, "auto", {"mean": {"pooling": "mean"}})
     for _ in range(args.reps):
         for name, job in jobs.items():
-            walls[name].append(run_process([str(BIN / "bertpipe"), "extract", str(job)])[0])
+            walls[name].append(run_process([str(BIN / "bertpipe"), "extract", str(job)]).wall)
     import pipeline
 
     for i, name in enumerate(inputs):

@@ -101,13 +101,19 @@ def load() -> float:
 # ---- inputs and jobs -----------------------------------------------------------------------
 
 def build_input(rows: int, name: str) -> Path:
-    """`rows` real reviews, the 600 samples repeated with fresh ids."""
-    path = WORK / f"{name}.parquet"
+    """`rows` real reviews: the 600 samples, then again with a copy number appended to each
+    text (every row is a distinct text, so nothing is saved by encoding duplicates once),
+    fresh ids."""
+    WORK.mkdir(parents=True, exist_ok=True)
+    path = WORK / f"{name}-distinct.parquet"
     if path.exists() and pq.read_metadata(path).num_rows == rows:
         return path
     src = pq.read_table(REPO / "data" / "reviews.parquet", columns=["text", "label"])
-    reps = -(-rows // src.num_rows)
-    table = pa.concat_tables([src] * reps).slice(0, rows)
+    copies = []
+    for k in range(-(-rows // src.num_rows)):
+        texts = [t if k == 0 else f"{t} ({k})" for t in src.column("text").to_pylist()]
+        copies.append(src.set_column(0, "text", pa.array(texts, pa.string())))
+    table = pa.concat_tables(copies).slice(0, rows)
     table = table.append_column("id", pa.array(np.arange(rows, dtype=np.int64)))
     pq.write_table(table, path)
     return path

@@ -52,7 +52,7 @@ def main() -> None:
         walls: dict[str, list[float]] = {name: [] for name in jobs}
         for _ in range(args.reps):
             for name, job in jobs.items():
-                walls[name].append(run_process([str(BIN / "bertpipe"), "extract", str(job)])[0])
+                walls[name].append(run_process([str(BIN / "bertpipe"), "extract", str(job)]).wall)
         base = statistics.median(walls["in-process (synchronous)"])
         print(f"{rows} rows, {tokens} tokens (median of {args.reps}):")
         for name, values in walls.items():

@@ -575,7 +575,7 @@ def test_the_readers_snippet_of_the_docs_runs(e2e: dict[str, str],
     namespace: dict[str, Any] = {}
     exec(compile(code, "docs/cluster.md", "exec"), namespace)
     assert namespace["store"].vectors("mean").shape == (96, 32)
-    assert namespace["docs"].sizes["doc"] == 96
+    assert namespace["docs"].sizes["id"] == 96
 
 
 def test_duckdb_and_polars_read_the_parquet_store_on_s3(e2e: dict[str, str],

@@ -34,8 +34,8 @@ def _store(tmp_path: Path, tiny_bert: Path, fmt: str) -> Path:
 def test_zarr_docs_group_is_enough_on_its_own(tmp_path: Path, tiny_bert: Path) -> None:
     out = _store(tmp_path, tiny_bert, "zarr")
     ds = xr.open_zarr(out, group="docs")
-    assert "id" in ds.coords and ds["id"].dims == ("doc",)
-    row = ds.set_xindex("id").sel(id="r3")
+    assert "id" in ds.indexes and ds["mean"].dims == ("id", "mean_dim")
+    row = ds.sel(id="r3")
     expected = pipeline.open_store(out).vectors("mean")[3]
     np.testing.assert_array_equal(row["mean"].values, expected)
     assert ds["mean"].attrs["pooling"] == "mean" and ds["cls"].attrs["pooling"] == "cls"

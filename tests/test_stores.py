@@ -74,10 +74,11 @@ def test_zarr_reads_with_plain_xarray(tmp_path: Path, tiny_bert: Path, small_tex
     job = _job(tmp_path, tiny_bert, small_texts, "zarr")
     run_job(job)
     ds = xr.open_zarr(job.output.path, group="docs")
-    assert ds["mean"].dims == ("doc", "mean_dim")
+    assert ds["mean"].dims == ("id", "mean_dim")  # the ids index the rows: ds.sel(id=...)
     np.testing.assert_array_equal(ds["mean"].values,
                                   pipeline.open_store(job.output.path).vectors("mean"))
-    assert list(ds["id"].values) == [f"r{i}" for i in range(10)] and "id" in ds.coords
+    assert list(ds["id"].values) == [f"r{i}" for i in range(10)] and "id" in ds.indexes
+    assert ds.sel(id="r4")["mean"].values.tolist() == ds["mean"].values[4].tolist()
 
 
 def test_parquet_reads_with_pandas_and_pyarrow(tmp_path: Path, tiny_bert: Path,

@@ -49,9 +49,12 @@ from .provenance import FileSum, is_complete, recorded_checksums, sealed, versio
 from .staging import Staging
 
 ROWS_PER_CHUNK = 8192
-# The tokens level's dimension is `piece`, not `token`: xarray makes a 1-D array named
-# like its dimension (here the word piece strings) an index, read whole on open.
-LEVEL_DIMS = {"docs": "doc", "chunks": "chunk", "tokens": "piece"}
+# xarray makes a 1-D array named like its dimension an index, read whole on open. The docs
+# level's dimension is `id` on disk for that reason: `xr.open_zarr(p, group="docs")
+# .sel(id=...)` works as it comes (the package renames it to `doc` when it opens a store).
+# The tokens level's is `piece`, not `token`: the word-piece strings should not be read
+# whole on every open.
+LEVEL_DIMS = {"docs": "id", "chunks": "chunk", "tokens": "piece"}
 # the tokens level's fields that Zarr does not repeat: a token's document id is ids[doc]
 TOKEN_FIELDS_NOT_STORED = ["id"]
 # Writers open with use_consolidated=False: the consolidated metadata is rewritten once, last,
@@ -91,7 +94,7 @@ def _consolidate(path: str) -> None:
 def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int,
                  columns: StoredColumns, widths: dict[str, int]) -> None:
     """Every column of a level's parts as one array of the level's group, in row order.
-    The ids go to `docs/id`, a coordinate of every docs array (see `_describe`)."""
+    The ids go to `docs/id`, the dimension coordinate of every docs array."""
     dim = LEVEL_DIMS[level]
     group = root.require_group(level)
     arrays: dict[str, zarr.Array] = {}
@@ -160,8 +163,8 @@ def _lazy(array: Any, label: str) -> da.Array:
 
 def _describe(root: Any, provenance: dict[str, Any]) -> None:
     """Attributes that make each group readable on its own (`xr.open_zarr(p, group="docs")`):
-    `id` as the coordinate of every docs array (CF `coordinates`), and on each view what it
-    is (layers, combine, pooling, model, dtype; a post-processed view's method and source)."""
+    the group's description, and on each view what it is (layers, combine, pooling, model,
+    dtype; a post-processed view's method and source)."""
     job, model = provenance.get("job", {}), provenance.get("model", {})
     views, post = job.get("views", {}), provenance.get("post", {})
     common = {"model": model.get("path"), "model_type": model.get("config", {}).get(
@@ -173,8 +176,6 @@ def _describe(root: Any, provenance: dict[str, Any]) -> None:
         group.update_attributes({"description": LEVEL_TEXT[level], **common})
         for name, array in group.arrays():
             attrs: dict[str, Any] = {}
-            if level == "docs" and name != "id":
-                attrs["coordinates"] = "id"
             if name in views:
                 attrs.update(kind="view", **{k: v for k, v in views[name].items()
                                              if k != "post"})
@@ -326,6 +327,8 @@ class ZarrFormat:
         docs = _dataset(root["docs"], {}, f"{path}: docs")
         if "ids" in root:  # stores written before the ids moved into docs/
             docs = docs.assign_coords(id=("doc", _lazy(root["ids"], f"{path}: ids")))
+        if "id" in docs.dims:  # on disk the ids are the dimension; in the package it is `doc`
+            docs = docs.rename_dims(id="doc")
         docs = docs.set_coords("id")
         # views being written by postprocess live under a temporary dot-name until done
         docs = docs.drop_vars([v for v in docs.data_vars if str(v).startswith(".")])
