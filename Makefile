@@ -12,7 +12,8 @@ export TRANSFORMERS_VERBOSITY := error
 PEER_VENV  := benchmarks/work/peer-venv
 PEER_MODEL := benchmarks/work/peer-model
 
-.PHONY: install model demo test test-fast lint schemas check-wheel peers bench bench-overlap bench-chunking bench-scaling bench-tokens bench-gpu clean
+.PHONY: install model demo test test-fast lint schemas check-wheel peers bench bench-overlap bench-chunking bench-scaling bench-tokens bench-gpu \
+        bench-incremental clean
 
 install: $(VENV)/.installed
 
@@ -66,6 +67,10 @@ $(PEER_MODEL)/peers.json: | install model
 # (1–2 hours on 2 idle cores at the default 2,400 rows; BENCH_ARGS="--rows 300" for less).
 bench: install model peers
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
+
+# A 10k-row store, then 1% new rows: incremental update against a full run.
+bench-incremental: install model
+	$(PY) benchmarks/incremental.py
 
 # whole process against its encoder alone (OpenVINO on the CPU), 10k distinct rows
 bench-overlap: install model

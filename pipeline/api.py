@@ -14,9 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .analysis.search import Hit, search
+from .analysis.search import Hit, document_text, search
 from .errors import StoreError
-from .extract.source import read_text
 from .stores.opened import StoreData, open_store_data
 
 TOKEN_FIELDS = ("position", "token_id", "token", "start", "end")
@@ -99,7 +98,7 @@ class Store(StoreData):
         doc = np.asarray(chunks["doc"].values)
         lo, hi = np.searchsorted(doc, [row, row + 1])  # chunks are stored in row order
         if text is None:
-            text = read_text(self.provenance.job.input, row)
+            text = document_text(self, row)
         part = chunks.isel(chunk=slice(int(lo), int(hi)))
         frame = pd.DataFrame({k: np.asarray(part[k].values) for k in
                               ("seq", "start", "end", "n_tokens")})

@@ -160,9 +160,14 @@ def validate(job_file: str, overrides: tuple[str, ...], schema_only: bool) -> No
 @click.option("--json-summary", "summary_file", default=None, type=click.Path(dir_okay=False),
               help="Also write the run's summary as JSON to this file, on success and on "
               "failure (schemas/run-summary.schema.json).")
+@click.option("--incremental", is_flag=True, help="Update the existing store: encode only "
+              "rows with new ids or changed texts (as output.incremental: true).")
+@click.option("--prune", is_flag=True, help="With --incremental: remove rows whose ids are "
+              "gone from the input (by default they are kept, present=false).")
 @_user_errors
 def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
-            scheduler: str | None, dry_run: bool, summary_file: str | None) -> None:
+            scheduler: str | None, dry_run: bool, summary_file: str | None,
+            incremental: bool, prune: bool) -> None:
     """Run a job: read text, encode, pool, write the store.
 
     \b
@@ -171,16 +176,19 @@ def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
       bertpipe extract jobs/reviews.yaml --set output.path=out/x.zarr --set model.dtype=float32
       bertpipe extract jobs/reviews.yaml --dry-run
       bertpipe extract jobs/cluster.yaml --scheduler tcp://scheduler:8786 --json-summary run.json
+      bertpipe extract jobs/reviews.yaml --incremental --prune
     """
+    if incremental:  # as the job key, so that validation and the plan see it too
+        overrides = (*overrides, "output.incremental=true")
     if summary_file is None:
-        _extract(job_file, overrides, overwrite, scheduler, dry_run, None)
+        _extract(job_file, overrides, overwrite, scheduler, dry_run, None, prune)
         return
     from .run.runner import RunSummary
 
     summary = RunSummary("")
     _write_summary(summary_file, summary, None)  # fails now, not after the run, if unwritable
     try:
-        _extract(job_file, overrides, overwrite, scheduler, dry_run, summary)
+        _extract(job_file, overrides, overwrite, scheduler, dry_run, summary, prune)
     except BertpipeError as exc:
         _write_summary(summary_file, summary, exc)
         raise
@@ -200,12 +208,15 @@ def _write_summary(file: str, summary: Any, error: BertpipeError | None) -> None
 
 
 def _extract(job_file: str, overrides: tuple[str, ...], overwrite: bool, scheduler: str | None,
-             dry_run: bool, summary: Any) -> None:
+             dry_run: bool, summary: Any, prune: bool = False) -> None:
     from .spec import load_job
 
     if scheduler:
         overrides = (*overrides, f"execution.scheduler={scheduler}")
     job = load_job(job_file, overrides)
+    if prune and not job.output.incremental:
+        raise click.BadParameter("only with --incremental (or output.incremental: true)",
+                                 param_hint="'--prune'")
     if dry_run:
         from .extract.preflight import preflight
 
@@ -222,7 +233,8 @@ def _extract(job_file: str, overrides: tuple[str, ...], overwrite: bool, schedul
         executor = executor_for(job, say=progress.message, on_batch=progress.batch_done)
         summary = run_job(job, executor=executor,
                           on_done=progress.partition_done, overwrite=overwrite,
-                          on_plan=progress.start, job_file=job_file, summary=summary)
+                          on_plan=progress.start, job_file=job_file, summary=summary,
+                          prune=prune, say=progress.message)
     click.echo(summary.line())
     if not summary.already_complete:
         click.echo(f"wrote {job.output.path}")

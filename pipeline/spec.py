@@ -36,7 +36,8 @@ NAME_RULE = "use letters, digits and _, starting with a letter or _, at most 64 
 # case, because a case-insensitive filesystem would put `Status` and `status` in one folder.
 STORE_FIELDS = frozenset({
     "id", "ids", "row", "doc", "docs", "chunk", "chunks", "seq", "start", "end", "n_tokens",
-    "n_chunks", "truncated", "status", "post", "index", "_bertpipe",
+    "n_chunks", "truncated", "status", "post", "index", "_bertpipe", "text_sha256", "present",
+    "versions",  # incremental runs: text digests, rows gone from the input, store versions
     "n_unk", "n_words", "n_fragmented",  # vocabulary fit, per row
     # the token level (views with pooling: tokens)
     "tokens", "token", "token_id", "token_offset", "token_count", "position", "piece",
@@ -111,6 +112,7 @@ class OutputSpec:
     dtype: str = "float32"
     overwrite: bool = False
     levels: tuple[str, ...] = ("docs", "chunks")
+    incremental: bool = False  # encode only new and changed rows into the existing store
     storage_options: dict[str, Any] | None = field(default=None, compare=False)
 
 
@@ -186,13 +188,34 @@ class Job:
         """SHA-256 of everything that changes the output (not where or how it runs)."""
         content = self.to_dict()
         content.pop("execution")
-        content["output"].pop("overwrite")
-        content["output"].pop("path")
+        for key in ("overwrite", "path", "incremental"):
+            content["output"].pop(key)
         # how the files are reached (credentials, endpoints), not what they hold
         content["input"].pop("storage_options", None)
         content["output"].pop("storage_options", None)
         blob = json.dumps(content, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
+
+    def vector_parts(self) -> dict[str, Any]:
+        """What defines a stored row's vectors and fields, by job key: an incremental run
+        may add to a store only when these are unchanged. Not here: where the input is
+        (`input.path`, a new snapshot of a table may have a new name), carried columns
+        (read from the input for every row), batching (moves values by ~5e-7 only, as any
+        batch composition does) and where or how the run executes. `model.path` is left
+        to the weights' digests, compared beside this."""
+        raw = self.to_dict()
+        model = {k: v for k, v in raw["model"].items() if k != "path"}
+        parts: dict[str, Any] = {
+            "input.text_column": raw["input"]["text_column"],
+            "input.id_column": raw["input"].get("id_column"),
+            "views": raw["views"],
+            "chunking": raw["chunking"],
+            "output.format": raw["output"]["format"],
+            "output.dtype": raw["output"]["dtype"],
+            "output.levels": raw["output"]["levels"],
+        }
+        parts.update({f"model.{k}": v for k, v in model.items()})
+        return parts
 
     @property
     def token_views(self) -> tuple[ViewSpec, ...]:
@@ -416,6 +439,7 @@ def _check_consistency(job: Job) -> None:
         if v.pooling == TOKEN_POOLING and v.post is not None:
             raise JobError(f"{key}.post: post-processing is fitted on document vectors and a "
                            "pooling: tokens view stores token vectors only; drop post")
+    _check_incremental(job)
     for section, spec in (("input", job.input), ("output", job.output)):
         if spec.storage_options and "://" not in spec.path:
             raise JobError(f"{section}.storage_options: only used with a URL {section}.path "
@@ -427,6 +451,25 @@ def _check_consistency(job: Job) -> None:
                        f"({budget} tokens)")
     if c.overlap and c.strategy != "hierarchical":
         raise JobError("chunking.overlap: only used with strategy hierarchical")
+
+
+def _check_incremental(job: Job) -> None:
+    """What an incremental run needs of the job (checked on load, so `validate` says so)."""
+    if not job.output.incremental:
+        return
+    if not job.input.id_column:
+        raise JobError("output.incremental: needs input.id_column (rows are matched to the "
+                       "store by id)")
+    if job.output.overwrite:
+        raise JobError("output.incremental: an incremental run adds to the store, "
+                       "output.overwrite replaces it; choose one")
+    if "://" in job.output.path:
+        raise JobError("output.incremental: incremental runs update local or shared-filesystem "
+                       "stores only, not object-store URLs; run the job in full (--overwrite)")
+    if job.token_views:
+        raise JobError(f"output.incremental: views.{job.token_views[0].name} has pooling: "
+                       "tokens, which incremental runs do not support; drop the token view "
+                       "or run the job in full (--overwrite)")
 
 
 # A storage option `${NAME}`: the value of environment variable NAME where it is used.

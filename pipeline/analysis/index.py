@@ -79,7 +79,8 @@ def build_index(store: Store, view: str, level: str = "docs", nprobe: int = 16,
     tmp.replace(path)
     write_json_atomic(meta, {"view": view, "level": level, "rows": n, "nlist": nlist,
                              "nprobe": index.nprobe, "kind": "faiss IVF-flat, inner product",
-                             "run_fingerprint": store.provenance.run_fingerprint})
+                             "run_fingerprint": store.provenance.run_fingerprint,
+                             "version": store.provenance.version})
     return path
 
 
@@ -94,8 +95,8 @@ def load_index(store: Store, view: str, level: str) -> Any | None:
     data = store.docs if level == "docs" else store.chunks
     size = data.sizes["doc" if level == "docs" else "chunk"] if data is not None else -1
     if info.get("run_fingerprint") != store.provenance.run_fingerprint or \
-            info.get("rows") != size:
-        return None
+            info.get("rows") != size or info.get("version", 0) != store.provenance.version:
+        return None  # built from other data: an incremental update changes rows in place
     if importlib.util.find_spec("faiss") is None:
         # why not an error: the exact scan gives the same (or better) answer, only slower
         log.warning("%s has an index but FAISS is not installed; searching exactly "

@@ -43,7 +43,35 @@ def describe(store: Store) -> str:
         f"ran on     {', '.join(prov.device)} ({', '.join(prov.dtype)}), {prov.created}",
         "versions   " + ", ".join(f"{k} {v}" for k, v in prov.versions.items()),
     ]
+    lines.extend(_history_lines(store))
     return "\n".join(lines)
+
+
+def _flagged(store: Store) -> int:
+    """Rows an incremental run kept although their ids are gone from the input."""
+    if "present" not in store.docs:
+        return 0
+    return int((~np.asarray(store.docs["present"].values, dtype=bool)).sum())
+
+
+def _history_lines(store: Store) -> list[str]:
+    """The store's version and one line per run that wrote it, oldest first."""
+    prov = store.provenance
+    flagged = _flagged(store)
+    lines = [f"version    {prov.version}" + (f"; {flagged} rows flagged present=false (ids "
+                                                "gone from the input)" if flagged else "")]
+    for i, run in enumerate(prov.history):
+        head = "history    " if i == 0 else " " * 11
+        what = f"{run.added} added"
+        if run.kind == "incremental":
+            kept = "" if not run.gone else " (pruned)" if run.pruned else " (kept)"
+            what += (f", {run.replaced} replaced, {run.unchanged} unchanged, {run.gone} "
+                     f"gone{kept}")
+        lines.append(f"{head}{run.started}  {run.kind:<11} v{run.version}  {run.rows} rows: "
+                     f"{what}; encoded {run.encoded} ({run.copied} copied), {run.tokens} "
+                     f"tokens, {run.wall_s:.1f}s; input {run.input_rows} rows in "
+                     f"{run.input_files} file{'s' * (run.input_files != 1)}")
+    return lines
 
 
 def _view_text(spec: ViewSpec) -> str:
@@ -87,8 +115,9 @@ def _chunk_lines(store: Store) -> list[str]:
     if "tokens_covered" in stats:
         total, covered = stats["tokens"], stats["tokens_covered"]
         share = 100 * covered / total if total else 100.0
-        lines.append(f"           tokens covered {covered} of {total} ({share:.1f}%); "
-                     f"{stats['tokens_encoded']} encoded (special tokens and overlap included)")
+        encoded = (f"; {stats['tokens_encoded']} encoded (special tokens and overlap "
+                   "included)" if "tokens_encoded" in stats else "")
+        lines.append(f"           tokens covered {covered} of {total} ({share:.1f}%){encoded}")
     return lines
 
 
@@ -172,4 +201,6 @@ def store_facts(store: Store) -> dict[str, Any]:
                   "weights_sha256": prov.model.weights_sha256},
         "device": prov.device, "dtype": prov.dtype, "created": prov.created,
         "versions": prov.versions, "stats": prov.stats,
+        "version": prov.version, "flagged_gone": _flagged(store),
+        "history": [dataclasses.asdict(run) for run in prov.history],
     }

@@ -16,7 +16,8 @@ import numpy as np
 from ..errors import OptionError, StoreError
 from ..extract.model import model_fingerprint
 from ..extract.partition import Extractor
-from ..extract.source import read_text
+from ..extract.source import find_row, read_text
+from ..extract.texthash import text_sha256
 from ..post.apply import load_transform
 from ..post.geometry import unit_rows
 from ..stores.opened import StoreData as Store
@@ -127,13 +128,32 @@ def snippet(store: Store, hit: Hit, width: int = 120) -> str:
             value = np.asarray(store.docs[spec.text_column][hit.row].values).item()
             text = "" if value is None else str(value)  # a null text is carried as None
         else:
-            text = read_text(spec, hit.row)
+            text = document_text(store, hit.row)
     except Exception:  # noqa: BLE001 - the input may have moved; the hit stands without it
         return ""
     if hit.span is not None:
         text = text[hit.span[0] : hit.span[1]]
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def document_text(store: Store, row: int) -> str:
+    """The text a store row was made from, read from the job's input: by row number in a
+    store never updated (its rows are in input order), else by id. Refused when the input's
+    text is no longer the one the row was encoded from."""
+    spec = store.provenance.job.input
+    if store.provenance.version == 0:
+        text = read_text(spec, row)
+    else:  # an update keeps rows where they were and appends new ones: find it by id
+        key = np.asarray(store.docs["id"][row].values).item()
+        text = read_text(spec, find_row(spec, key))
+    if "text_sha256" in store.docs:
+        stored = np.asarray(store.docs["text_sha256"][row].values).item()
+        if text_sha256([text])[0] != stored:
+            raise StoreError(f"{store.path}: the input's text of row {row} is not the one it "
+                             "was encoded from (the input changed since); rerun the job, "
+                             "e.g. with --incremental")
+    return text
 
 
 def _hits(store: Store, rows: np.ndarray, scores: np.ndarray, level: str) -> list[Hit]:

@@ -18,6 +18,7 @@ from .encode import Encoder
 from .model import LoadedModel, load_config
 from .runtime import Runtime, load_encoder
 from .source import Partition, read_partition
+from .texthash import text_sha256, unique_texts
 from .tokens import kept_positions, token_columns, token_counts
 from .views import ForwardNeeds, ResolvedView, forward_needs, resolve_views
 
@@ -25,9 +26,10 @@ from .views import ForwardNeeds, ResolvedView, forward_needs, resolve_views
 @dataclass
 class PartTables:
     docs: pa.Table  # row, id, n_tokens, n_chunks, truncated, status, carry..., n_unk,
-    #               n_words, n_fragmented, views...
+    #               n_words, n_fragmented, text_sha256, present, views...
     chunks: pa.Table | None  # doc, seq, start, end, n_tokens, views... (None: not stored)
-    stats: dict[str, int]  # n_chunks, n_tokens (in documents), n_covered, n_encoded
+    # n_chunks, n_tokens (in documents), n_covered, n_encoded, n_unique
+    stats: dict[str, int]
     # doc, id, position, token_id, token, start, end, token views... (None: no token view)
     tokens: pa.Table | None = None
 
@@ -52,19 +54,25 @@ class Extractor:
                                      self.model.max_positions, self.specials)
 
     def encode_texts(self, texts: list[str | None]) -> EncodedTexts:
-        """Chunk, encode and aggregate texts: the whole pipeline minus reading and writing."""
+        """Chunk, encode and aggregate texts: the whole pipeline minus reading and writing.
+        Identical texts are encoded once and the others get copies of its results (not
+        with token views: their tokens level keeps one row per stored token)."""
         per_token = {v.name for v in self.views if v.per_token}
-        chunked = chunk_partition(texts, self.model.tokenizer, self.job.chunking,
+        distinct, inverse = (list(texts), None) if per_token else unique_texts(texts)
+        chunked = chunk_partition(distinct, self.model.tokenizer, self.job.chunking,
                                   self.budget, self.specials, keep_tokens=bool(per_token))
         keep = kept_positions(chunked, len(self.specials.prefix)) if per_token else None
         vectors = self.encoder.encode(chunked.chunk_ids, self.job.batching, keep)
         token_vectors = {name: vectors.pop(name) for name in per_token}
         chunk_tokens = chunked.chunk_n_tokens
         doc_vectors = {
-            name: aggregate_chunks(v, chunked.chunk_doc, chunk_tokens, len(texts),
+            name: aggregate_chunks(v, chunked.chunk_doc, chunk_tokens, len(distinct),
                                    self.job.chunking.aggregate)
             for name, v in vectors.items()}
-        return EncodedTexts(chunked, vectors, doc_vectors, token_vectors)
+        encoded = EncodedTexts(chunked, vectors, doc_vectors, token_vectors, len(distinct),
+                               int(chunk_tokens.sum()))
+        return encoded if inverse is None or len(distinct) == len(texts) else \
+            encoded.expanded(inverse)
 
     def run(self, part: Partition) -> PartTables:
         rows = read_partition(self.job.input, part)
@@ -83,6 +91,8 @@ class Extractor:
             "n_unk": pa.array(chunked.n_unk),
             "n_words": pa.array(chunked.n_words),
             "n_fragmented": pa.array(chunked.n_fragmented),
+            "text_sha256": pa.array(text_sha256(rows.texts), pa.string()),
+            "present": pa.array(np.ones(part.n_rows, bool)),
             **{name: vector_array(v, dtype) for name, v in encoded.docs.items()},
         }
         tokens = None
@@ -109,7 +119,8 @@ class Extractor:
             "n_chunks": len(chunk_tokens),
             "n_tokens": int(chunked.n_tokens.sum()),
             "n_covered": int(chunked.n_covered.sum()),
-            "n_encoded": int(chunk_tokens.sum()),  # special tokens and overlap included
+            "n_encoded": encoded.tokens_encoded,  # special tokens and overlap included
+            "n_unique": encoded.n_unique,  # texts encoded; the other rows are copies
         }
         if tokens is not None:
             stats["n_stored_tokens"] = tokens.num_rows
@@ -123,6 +134,34 @@ class EncodedTexts:
     docs: dict[str, np.ndarray]  # view -> (N, D), NaN rows for empty texts
     # token view -> (K, D): every covered token of every document, in document order
     tokens: dict[str, np.ndarray] = field(default_factory=dict)
+    n_unique: int = 0  # distinct texts, each encoded once
+    tokens_encoded: int = 0  # tokens fed to the model for them
+
+    def expanded(self, inverse: np.ndarray) -> EncodedTexts:
+        """The results for texts[i] = distinct[inverse[i]]: rows and their chunks copied."""
+        c = self.chunked
+        first = np.cumsum(c.n_chunks) - c.n_chunks  # (U,) first chunk of each distinct text
+        counts = c.n_chunks[inverse]  # (N,)
+        chunk_doc = np.repeat(np.arange(len(inverse), dtype=np.int64), counts)  # (M',)
+        within = np.arange(len(chunk_doc)) - np.repeat(np.cumsum(counts) - counts, counts)
+        take = first[inverse][chunk_doc] + within  # (M',) chunk of the distinct text
+        n_chunks = len(c.chunk_ids)
+
+        def chunk_field(values: np.ndarray) -> np.ndarray:  # optional (M,) fields
+            return values[take] if len(values) == n_chunks else values
+
+        chunked = ChunkedPartition(
+            n_tokens=c.n_tokens[inverse], n_covered=c.n_covered[inverse], n_chunks=counts,
+            truncated=c.truncated[inverse], status=[c.status[u] for u in inverse],
+            chunk_doc=chunk_doc, chunk_seq=c.chunk_seq[take], chunk_start=c.chunk_start[take],
+            chunk_end=c.chunk_end[take], chunk_ids=[c.chunk_ids[t] for t in take],
+            n_unk=c.n_unk[inverse], n_words=c.n_words[inverse],
+            n_fragmented=c.n_fragmented[inverse],
+            chunk_tok_start=chunk_field(c.chunk_tok_start),
+            chunk_tok_end=chunk_field(c.chunk_tok_end))
+        return EncodedTexts(chunked, {k: v[take] for k, v in self.chunks.items()},
+                            {k: v[inverse] for k, v in self.docs.items()}, {},
+                            self.n_unique, self.tokens_encoded)
 
 
 def vector_array(vectors: np.ndarray, dtype: str) -> pa.FixedSizeListArray:

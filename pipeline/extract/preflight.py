@@ -64,6 +64,9 @@ class Plan:
         state = "exists" if _output_exists(job.output.path) else "does not exist yet"
         lines.append(f"output     {job.output.format} {job.output.path} ({state}), levels "
                      f"{', '.join(job.output.levels)}, {job.output.dtype}")
+        if job.output.incremental:
+            lines.append("mode       incremental: rows with new ids or changed texts are "
+                         "encoded into the existing store")
         return "\n".join(lines)
 
 

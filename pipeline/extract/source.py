@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import InputError
@@ -345,6 +346,23 @@ def read_text(spec: InputSpec, row: int) -> str:
             return read_partition(spec, part).texts[0] or ""
         start += n
     raise InputError(f"row {row} is beyond the end of {spec.path}")
+
+
+def find_row(spec: InputSpec, key: Any) -> int:
+    """The global row of the input whose id is `key` (the id column, file by file)."""
+    if not spec.id_column:
+        raise InputError("input.id_column: the job has none, so rows cannot be found by id")
+    start = 0
+    for file in list_files(spec.path):
+        ids = plain_array(_open(file).read(columns=[spec.id_column]).column(0))
+        try:
+            at = pc.index(ids, pa.scalar(key, ids.type)).as_py()
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+            at = -1  # an id of another type is in no row
+        if at >= 0:
+            return start + int(at)
+        start += len(ids)
+    raise InputError(f"input.id_column: id {key!r} is not in {spec.path} any more")
 
 
 def _row_groups_covering(meta: Any, offset: int, n_rows: int) -> tuple[list[int], int]:

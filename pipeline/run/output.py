@@ -178,8 +178,10 @@ def _check_input(path: str, recorded: dict[str, Any], plan: Plan, state: str) ->
                          "tell whether it is up to date; pass --overwrite to rebuild it")
     change = input_change(before, plan.identity)
     if change:
+        update = (", or --incremental to encode only its new and changed rows"
+                  if state.startswith("is complete") else "")
         raise StoreError(f"output.path: {path} {state} {change} since it was written; pass "
-                         "--overwrite to rebuild it from the current input")
+                         f"--overwrite to rebuild it from the current input{update}")
 
 
 class OutputSession:

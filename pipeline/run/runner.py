@@ -8,13 +8,10 @@ commits the store's final arrays and provenance when every partition has a marke
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,87 +23,77 @@ from ..post.apply import fit_view
 from ..spec import Job
 from ..stores import Layout, Staging, format_named
 from ..stores.fs import check_reachable, register_options, resolve, storage_errors
-from ..stores.provenance import FORMAT_VERSION, InputFile, ModelInfo, Provenance
-from ..version import __version__
+from ..stores.provenance import InputFile, RunRecord
 from .executors import Executor, InProcessExecutor, OnBatch, OnDone
+from .incremental import run_incremental
 from .output import OutputSession, Plan, assess, check_output_location
+from .record import (
+    OnPlan,
+    RunSummary,
+    build_provenance,
+    collect,
+    encoded_rows,
+    full_run_record,
+    now_iso,
+    reusable,
+    run_fingerprint,
+)
 
 log = logging.getLogger(__name__)
 
-# on_plan(all partitions, pending partitions) once after planning: progress reporting.
-OnPlan = Callable[[Sequence[Partition], Sequence[Partition]], None]
-
-
-@dataclass
-class RunSummary:
-    """What a run did. `rows`, `chunks`, `tokens` describe the finished store; `tokens_run`
-    and the rate count only the partitions encoded by this run (not those a resume skipped).
-    Filled as the run goes, so a failed run still reports how far it got."""
-
-    path: str
-    rows: int = 0
-    chunks: int = 0
-    tokens: int = 0
-    tokens_run: int = 0
-    wall_s: float = 0.0
-    partitions: int = 0
-    skipped: int = 0
-    run: int = 0
-    failed: list[str] = field(default_factory=list)
-    devices: list[str] = field(default_factory=list)
-    dtypes: list[str] = field(default_factory=list)
-    already_complete: bool = False
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens_run / self.wall_s if self.wall_s else 0.0
-
-    def line(self) -> str:
-        if self.already_complete:
-            return f"{self.path}: already complete for this job; nothing to do"
-        return (f"{self.rows} rows, {self.chunks} chunks, {self.tokens_run} tokens encoded in "
-                f"{self.wall_s:.1f}s ({self.tokens_per_s:,.0f} tokens/s); partitions "
-                f"skipped {self.skipped}, run {self.run}, failed {len(self.failed)}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form (`extract --json-summary`, schemas/run-summary.schema.json)."""
-        return {"store": self.path, "rows": self.rows, "chunks": self.chunks,
-                "tokens": self.tokens, "tokens_encoded_this_run": self.tokens_run,
-                "wall_seconds": round(self.wall_s, 3),
-                "tokens_per_second": round(self.tokens_per_s, 1),
-                "partitions": {"total": self.partitions, "skipped": self.skipped,
-                               "run": self.run, "failed": len(self.failed)},
-                "failed_partitions": self.failed, "device": self.devices,
-                "dtype": self.dtypes, "already_complete": self.already_complete}
-
-
-def run_fingerprint(job: Job, model: dict[str, Any]) -> str:
-    """What must match for a rerun to reuse parts: the job's content and the weights."""
-    blob = json.dumps({"job": job.fingerprint(), "weights": model["weights_sha256"]},
-                      sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()
+__all__ = ["OnPlan", "RunSummary", "commit_store", "executor_for", "run_fingerprint",
+           "run_job"]
 
 
 def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None = None,
             overwrite: bool = False, on_plan: OnPlan | None = None,
-            job_file: str | Path | None = None, summary: RunSummary | None = None
-            ) -> RunSummary:
+            job_file: str | Path | None = None, summary: RunSummary | None = None,
+            incremental: bool = False, prune: bool = False,
+            say: Callable[[str], None] = log.info) -> RunSummary:
     """Plan, check everything that can be checked, then (and only then) lock the store and
     run what is not done. `job_file` guards the job's folder against `output.path`;
     `summary`, when given, is filled in place (the caller keeps it if the run fails).
+
+    `incremental` (or `output.incremental`) updates an existing complete store with what
+    is new or changed in the input (see `incremental`); `prune` then removes the rows whose
+    ids are gone from the input instead of flagging them.
 
     An object store that cannot be reached, or refuses the credentials, is one line (exit
     8, or 3 for the input and 5 for the store), wherever in the run it happens."""
     # the formats and verify get only the store's path: they find its options by it
     register_options(job.output.path, job.output.storage_options)
     with storage_errors(job.output.path, "output.path", StoreError):
-        return _run_job(job, executor, on_done, overwrite, on_plan, job_file, summary)
+        return _run_job(job, executor, on_done, overwrite, on_plan, job_file, summary,
+                        incremental, prune, say)
 
 
 def _run_job(job: Job, executor: Executor | None, on_done: OnDone | None, overwrite: bool,
-             on_plan: OnPlan | None, job_file: str | Path | None, summary: RunSummary | None
+             on_plan: OnPlan | None, job_file: str | Path | None, summary: RunSummary | None,
+             incremental: bool, prune: bool, say: Callable[[str], None]) -> RunSummary:
+    if incremental or job.output.incremental:
+        if overwrite or job.output.overwrite:
+            raise JobError("output.incremental: an incremental run adds to the store, "
+                           "--overwrite replaces it; choose one")
+        if not job.output.incremental:  # the job key's checks (id column, token views)
+            job = Job.from_dict({**job.to_dict(), "output": {**job.to_dict()["output"],
+                                                             "incremental": True}})
+        updated = run_incremental(job, executor or executor_for(job, say), on_done, on_plan,
+                                  job_file, prune, say, summary)
+        if updated is not None:
+            return updated
+        return full_run(job, executor, on_done, False, on_plan, job_file, summary)
+    if prune:
+        raise JobError("--prune: only with --incremental (or output.incremental: true)")
+    return full_run(job, executor, on_done, overwrite, on_plan, job_file, summary)
+
+
+def full_run(job: Job, executor: Executor | None = None, on_done: OnDone | None = None,
+             overwrite: bool = False, on_plan: OnPlan | None = None,
+             job_file: str | Path | None = None, summary: RunSummary | None = None
              ) -> RunSummary:
+    """A run over the whole input into a new, replaced or resumed store."""
     started = time.perf_counter()
+    started_at = now_iso()
     # everything checkable is checked before the store is touched (nothing is created on
     # a job that cannot work)
     parts = preflight(job).partitions
@@ -133,13 +120,13 @@ def _run_job(job: Job, executor: Executor | None, on_done: OnDone | None, overwr
         if staging is None:
             summary.already_complete = True
             return summary
-        done = {i: m for i, m in staging.done(fingerprint).items() if _reusable(m, parts)}
+        done = {i: m for i, m in staging.done(fingerprint).items() if reusable(m, parts)}
         pending = [p for p in parts if p.index not in done]
         summary.skipped = len(parts) - len(pending)
         if on_plan:
             on_plan(parts, pending)
         failures = executor.run(job, pending, staging, fingerprint,
-                                _collect(done, on_done, summary))
+                                collect(done, on_done, summary))
         summary.wall_s = time.perf_counter() - started
         summary.run = len(pending) - len(failures)
         summary.failed = [f"partition {p.index} (rows {p.row_start}-{p.row_stop - 1}; "
@@ -149,39 +136,21 @@ def _run_job(job: Job, executor: Executor | None, on_done: OnDone | None, overwr
             raise PartitionError(f"{len(failures)} of {len(parts)} partitions failed, the "
                                  f"others are kept for a rerun; first: {summary.failed[0]}")
         markers = [done[p.index] for p in parts]
-        commit_store(job, staging, parts, markers, model, fingerprint, identity)
-    summary.rows = parts[-1].row_stop
+        record = full_run_record(started_at, markers, identity, time.perf_counter() - started)
+        commit_store(job, staging, parts, markers, model, fingerprint, identity, record)
+    summary.rows = summary.added = parts[-1].row_stop
     summary.chunks = sum(m["n_chunks"] for m in markers)
     summary.tokens = sum(m["n_tokens"] for m in markers)
+    summary.encoded = encoded_rows(markers)
+    summary.copied = summary.rows - summary.encoded
     summary.wall_s = time.perf_counter() - started
     return summary
 
 
-def _reusable(marker: dict[str, Any], parts: Sequence[Partition]) -> bool:
-    """A marker stands for a planned partition: same index, row range and input file."""
-    index = marker.get("index")
-    if not isinstance(index, int) or not 0 <= index < len(parts):
-        return False
-    part = parts[index]
-    return (marker.get("rows") == [part.row_start, part.row_stop]
-            and marker.get("input") == part.footer_sha256)
-
-
-def _collect(done: dict[int, dict[str, Any]], on_done: OnDone | None,
-             summary: RunSummary) -> OnDone:
-    def record(part: Partition, marker: dict[str, Any]) -> None:
-        done[part.index] = marker
-        summary.tokens_run += int(marker["n_tokens"])
-        summary.devices = sorted({*summary.devices, str(marker.get("device", "?"))})
-        summary.dtypes = sorted({*summary.dtypes, str(marker.get("dtype", "?"))})
-        if on_done:
-            on_done(part, marker)
-    return record
-
-
 def commit_store(job: Job, staging: Staging, parts: Sequence[Partition],
                  markers: Sequence[dict[str, Any]], model: dict[str, Any],
-                 fingerprint: str, identity: tuple[InputFile, ...] = ()) -> None:
+                 fingerprint: str, identity: tuple[InputFile, ...] = (),
+                 record: RunRecord | None = None) -> None:
     layout = Layout(
         indices=[p.index for p in parts],
         n_docs=parts[-1].row_stop,
@@ -191,7 +160,7 @@ def commit_store(job: Job, staging: Staging, parts: Sequence[Partition],
         has_tokens=bool(job.token_views),
     )
     provenance = replace(build_provenance(job, markers, model, fingerprint),
-                         input_identity=identity)
+                         input_identity=identity, history=(record,) if record else ())
     fmt = format_named(job.output.format)
     path = job.output.path
     fmt.commit(path, staging, layout, provenance.to_dict())
@@ -205,46 +174,6 @@ def commit_store(job: Job, staging: Staging, parts: Sequence[Partition],
     # why last: a reader that sees `complete` sees every array and post view
     fmt.update_provenance(path, replace(provenance, complete=True).to_dict())
     staging.remove()
-
-
-def build_provenance(job: Job, markers: Sequence[dict[str, Any]], model: dict[str, Any],
-                     fingerprint: str) -> Provenance:
-    """The provenance of a finished run, still marked incomplete."""
-    import torch
-    import transformers
-
-    return Provenance(
-        format_version=FORMAT_VERSION,
-        run_fingerprint=fingerprint,
-        job=job,
-        model=ModelInfo(**model),
-        versions={"bertpipe": __version__, "torch": torch.__version__,
-                  "transformers": transformers.__version__, **runtime_versions(markers)},
-        device=sorted({m["device"] for m in markers}),
-        dtype=sorted({m["dtype"] for m in markers}),
-        runtime=sorted({m.get("runtime", "torch") for m in markers}),
-        created=datetime.now(UTC).isoformat(timespec="seconds"),
-        stats={
-            "rows": sum(m["rows"][1] - m["rows"][0] for m in markers),
-            "chunks": sum(m["n_chunks"] for m in markers),
-            "tokens": sum(m["n_tokens"] for m in markers),
-            "tokens_covered": sum(m["n_covered"] for m in markers),
-            "tokens_encoded": sum(m["n_encoded"] for m in markers),
-            "partitions": len(markers),
-            "partition_seconds": round(sum(m["seconds"] for m in markers), 3),
-            **({"tokens_stored": sum(m["n_stored_tokens"] for m in markers)}
-               if job.token_views else {}),
-        },
-        complete=False,
-    )
-
-
-def runtime_versions(markers: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """Versions of the optional runtimes that ran partitions (torch is always recorded)."""
-    from importlib.metadata import version
-
-    used = {m.get("runtime", "torch") for m in markers} - {"torch"}
-    return {name: version(name) for name in sorted(used)}
 
 
 def executor_for(job: Job, say: Callable[[str], None] = log.info,

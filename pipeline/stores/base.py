@@ -73,6 +73,26 @@ class StoreFormat(Protocol):
     def row_counts(self, path: str) -> dict[str, tuple[str, int]]:
         """Rows of every stored array (Zarr) or file (Parquet): name -> (level, rows)."""
 
+    # Growing a store (incremental runs): a new version is written beside the current one,
+    # then published in one step; readers see the previous version until then.
+
+    def write_version(self, path: str, version: int, staging: Staging, layout: Layout,
+                      params: dict[str, dict[str, np.ndarray]]) -> None:
+        """Write a new version's data (and the fitted parameters of its post-processed
+        views) from staged parts beside the current one; readers do not see it yet."""
+
+    def publish(self, path: str, version: int, provenance: dict[str, Any]) -> None:
+        """Make `version` current: seal `provenance` (complete, naming the version) with the
+        checksums of the new version's files and switch to it. Readers that opened the
+        previous version keep reading it; new readers open the new one."""
+
+    def recover(self, path: str) -> None:
+        """Finish a switch a killed update began (a no-op where the switch is one step)."""
+
+    def drop_retired(self, path: str) -> None:
+        """Remove what is left of versions before the current one (kept for the readers
+        that opened them), and of a version a killed update wrote and never published."""
+
 
 def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     """fixed_size_list<float, D> column as an (N, D) array, zero-copy where possible."""

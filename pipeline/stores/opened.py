@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,11 @@ from ..errors import StoreError
 from . import detect_format
 from .base import StoreFormat
 from .fs import register_options, resolve, storage_errors
-from .provenance import Provenance
+from .provenance import Provenance, version_of
+from .staging import STAGING_DIR
 from .verify import check_sizes
+
+SWITCH_RETRIES = 5  # opens retried while an update switches versions (milliseconds)
 
 
 @dataclass
@@ -93,7 +97,28 @@ def _open(path: str, require_complete: bool) -> StoreData:
     if not raw.get("job"):
         raise StoreError(f"{path}: store is incomplete and has no provenance yet; rerun its "
                          "job to resume")
+    for attempt in range(SWITCH_RETRIES + 1):
+        try:
+            check_sizes(fmt, path, raw)
+            docs, chunks = fmt.open_datasets(path)
+            tokens = fmt.open_tokens(path)
+        except StoreError:
+            # an update switching versions (Parquet: two renames) shows files of two
+            # versions for a moment: read the provenance again and retry
+            again = fmt.read_provenance(path) or {}
+            if attempt == SWITCH_RETRIES or not _switched(raw, again, fmt, path):
+                raise
+            raw = again
+            time.sleep(0.05)
+            continue
+        if version_of(fmt.read_provenance(path)) == version_of(raw):
+            break
+        raw = fmt.read_provenance(path) or {}  # switched while opening: open the new one
     provenance = Provenance.from_dict(raw, path)
-    check_sizes(fmt, path, raw)
-    docs, chunks = fmt.open_datasets(path)
-    return StoreData(path, fmt, provenance, docs, chunks, fmt.open_tokens(path))
+    return StoreData(path, fmt, provenance, docs, chunks, tokens)
+
+
+def _switched(before: dict[str, object], now: dict[str, object], fmt: StoreFormat,
+              path: str) -> bool:
+    """An update is switching or has just switched the store's version."""
+    return version_of(now) != version_of(before) or Path(path, STAGING_DIR, "next").exists()

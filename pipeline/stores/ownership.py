@@ -24,7 +24,8 @@ from .lock import LOCK_NAME
 from .staging import STAGING_DIR
 
 OWN_ENTRIES = {
-    "zarr": {"zarr.json", "ids", "docs", "chunks", "tokens", "post", "index", STAGING_DIR},
+    "zarr": {"zarr.json", "ids", "docs", "chunks", "tokens", "post", "index", "versions",
+             STAGING_DIR},
     "parquet": {"docs", "chunks", "tokens", "post", "index", STAGING_DIR},
 }
 # files a run leaves while it writes: parquet parts before their rename (the tokens folder

@@ -9,6 +9,15 @@ under `bertpipe`. The commit writes the chunks file first and the docs file last
 whole (locally a temporary name renamed into place; on an object store one upload that
 appears only when complete), so a store with a docs file is a complete store.
 
+An incremental update writes the new version's files in the staging area, seals the
+provenance with their checksums, then renames the chunks file and, last, the docs file
+(the one that holds the provenance) into place: the table folders always hold the current
+version, so a glob reads it. Readers map the files they open into memory, so a reader
+that opened the previous version keeps reading it after the switch (the rename leaves the
+old file alive while mapped); a reader opening within the switch (two renames) sees sizes
+that disagree with the provenance and opens again. A killed switch is finished by the
+next run (`recover`).
+
 Integrity: every data page carries a CRC that reads verify, so altered bytes are an
 error naming the file and column; a complete store's provenance records the checksum of
 each file's column data (the bytes before the footer). Changing the provenance rewrites
@@ -19,7 +28,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import IO, Any
 
 import dask
@@ -34,8 +46,8 @@ from .base import Layout, column_matrix, with_store_token_offsets
 from .columns import StoredColumns, has_nulls, numpy_dtype, to_numpy
 from .fs import Location, resolve
 from .integrity import file_sum, parquet_data_size
-from .provenance import FileSum, is_complete, sealed
-from .staging import Staging
+from .provenance import FileSum, is_complete, sealed, version_of
+from .staging import STAGING_DIR, Staging
 
 ROW_GROUP_ROWS = 32768
 METADATA_KEY = b"bertpipe"
@@ -51,6 +63,7 @@ READ_ERRORS = (OSError, pa.ArrowException)
 def level_file(root: Location, level: str) -> Location:
     return root.child(level, PART)
 TOKENS_DIR = "tokens"
+NEXT_DIR = "next"  # in the staging area: an update's new version before the switch
 
 
 def _write(file: Location, parts: Iterator[pa.Table], provenance: dict[str, Any] | None) -> None:
@@ -86,15 +99,46 @@ def _writer(file: IO[bytes], schema: pa.Schema,
     )
 
 
-def _open(file: Location | str) -> pq.ParquetFile:
+def _open(file: Location | str | _Mapped) -> pq.ParquetFile:
     """A stored file, its page checksums verified on read; damage is a StoreError. A
-    remote file is read by ranged reads of what is asked for (the footer, a row group)."""
-    loc = resolve(file) if isinstance(file, str) else file
+    remote file is read by ranged reads of what is asked for (the footer, a row group); a
+    mapped one from its mapping."""
+    if isinstance(file, _Mapped):
+        loc: Any = file
+        source: Any = pa.BufferReader(file.buffer)
+    else:
+        loc = resolve(file) if isinstance(file, str) else file
     try:
-        source: Any = loc.path if loc.local else loc.open("rb")
+        if not isinstance(file, _Mapped):
+            source = loc.path if loc.local else loc.open("rb")
         return pq.ParquetFile(source, page_checksum_verification=True)
     except READ_ERRORS as exc:
         raise StoreError(f"{loc}: damaged Parquet file ({exc})") from None
+
+
+class _Mapped:
+    """A Parquet file mapped into memory when a dataset is opened: its blocks, read later,
+    come from the file as it was then, even once an update or `postprocess` has replaced
+    it by rename (the mapping keeps the old file alive), so a reader never mixes two
+    versions."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            stat = os.stat(path)
+            self.token = (path, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            self.buffer = pa.memory_map(path).read_buffer()  # zero-copy view of the mapping
+        except READ_ERRORS as exc:
+            raise StoreError(f"{path}: damaged Parquet file ({exc})") from None
+
+    def __str__(self) -> str:
+        return self.path
+
+    def __dask_tokenize__(self) -> tuple[Any, ...]:
+        return self.token
+
+    def __reduce__(self) -> tuple[Any, ...]:  # another process maps the file anew
+        return (_Mapped, (self.path,))
 
 
 def _dataset(file: Location, dim: str) -> xr.Dataset:
@@ -102,7 +146,13 @@ def _dataset(file: Location, dim: str) -> xr.Dataset:
     return _parts_dataset([file], dim)
 
 
-def _read_block(file: str, group: int, column: str, nulls: bool) -> np.ndarray:
+def file_dataset(file: Path, dim: str) -> xr.Dataset:
+    """One local Parquet file (a store level or a staged part) as a lazy dataset along
+    `dim`."""
+    return _dataset(resolve(str(file)), dim)
+
+
+def _read_block(file: _Mapped | str, group: int, column: str, nulls: bool) -> np.ndarray:
     try:
         col = _open(file).read_row_group(group, columns=[column]).column(0)
     except READ_ERRORS as exc:
@@ -151,7 +201,9 @@ def _parts_dataset(files: Sequence[Location], dim: str) -> xr.Dataset:
     blocks: dict[str, list[da.Array]] = {}
     empty: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
     for file in files:
-        pf = _open(file)
+        # local files are mapped: a reader keeps the version it opened (see the docstring)
+        source: _Mapped | str = _Mapped(file.path) if file.local else file.url
+        pf = _open(source)
         group_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
         for field in pf.schema_arrow:
             nulls = False
@@ -165,7 +217,7 @@ def _parts_dataset(files: Sequence[Location], dim: str) -> xr.Dataset:
                 dtype = numpy_dtype(field.type, nulls)
             empty.setdefault(field.name, (dims, np.empty((0, width) if width else (0,), dtype)))
             blocks.setdefault(field.name, []).extend(
-                da.from_delayed(dask.delayed(_read_block)(file.url, g, field.name, nulls),
+                da.from_delayed(dask.delayed(_read_block)(source, g, field.name, nulls),
                                 shape=(rows, width) if width else (rows,), dtype=dtype)
                 for g, rows in enumerate(group_rows))
     return xr.Dataset({
@@ -303,3 +355,52 @@ class ParquetFormat:
             provenance = sealed(provenance, {rel: sum_ for rel in self.data_files(path)
                                              if (sum_ := self.file_sum(path, rel))})
         _replace_footer(resolve(path).child(DOCS_FILE), provenance)
+
+    def write_version(self, path: str, version: int, staging: Staging, layout: Layout,
+                      params: dict[str, dict[str, np.ndarray]]) -> None:
+        """The new version's docs and chunks files in the staging area (`publish` moves
+        them into place). Fitted parameters do not change in an update: post/ stays."""
+        if layout.has_tokens:
+            raise StoreError(f"{path}: incremental runs do not support token views")
+        shutil.rmtree(_next_root(path), ignore_errors=True)  # what a killed update left
+        root = resolve(str(_next_root(path)))
+        if layout.has_chunks:
+            _write(level_file(root, "chunks"), _conformed(staging, "chunks", layout), None)
+        docs = (t.drop_columns(["row"]) for t in _conformed(staging, "docs", layout))
+        _write(level_file(root, "docs"), docs, None)
+
+    def publish(self, path: str, version: int, provenance: dict[str, Any]) -> None:
+        if version_of(provenance) != version or not is_complete(provenance):
+            raise ValueError(f"publish: the provenance must be complete and name version "
+                             f"{version}")
+        staged = _next_root(path)
+        sums = {rel: sum_ for rel in LEVEL_FILES
+                if (sum_ := self.file_sum(str(staged), rel))}
+        sums.update({rel: sum_ for rel in self.data_files(path) if rel.startswith("post/")
+                     and (sum_ := self.file_sum(path, rel))})
+        _replace_footer(resolve(str(staged / DOCS_FILE)), sealed(provenance, sums))
+        self.recover(path)
+
+    def recover(self, path: str) -> None:
+        """Finish a switch: a staged docs file whose provenance is complete was sealed, so
+        its version is the one to publish (rename the chunks file, then the docs file)."""
+        staged = _next_root(path)
+        docs = staged / DOCS_FILE
+        if not docs.is_file() or not is_complete(_metadata(resolve(str(docs)))):
+            return
+        root = Path(path)
+        chunks = staged / LEVEL_FILES[1]
+        if chunks.is_file():
+            (root / "chunks").mkdir(exist_ok=True)
+            os.replace(chunks, root / LEVEL_FILES[1])
+        os.replace(docs, root / DOCS_FILE)  # the switch: the provenance names the version
+        shutil.rmtree(staged, ignore_errors=True)
+
+    def drop_retired(self, path: str) -> None:
+        """Nothing stays of a retired version (its files were replaced by rename; readers
+        that mapped them keep them until they close); a staged one never published goes."""
+        shutil.rmtree(_next_root(path), ignore_errors=True)
+
+
+def _next_root(path: str) -> Path:
+    return Path(path) / STAGING_DIR / NEXT_DIR

@@ -6,8 +6,10 @@ dict (`to_dict` / `from_dict` here), everything above reads attributes.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ..errors import JobError, StoreError
@@ -71,6 +73,45 @@ def input_change(before: Sequence[InputFile], now: Sequence[InputFile]) -> str |
     return None
 
 
+def identity_sha256(identity: Sequence[InputFile]) -> str:
+    """One digest for an input's identity (what a history entry records)."""
+    blob = json.dumps([asdict(f) for f in identity], sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run that wrote the store: the first, full run or an incremental update.
+
+    Rows of the input are `added` (new id), `replaced` (known id, changed text) or
+    `unchanged`; `gone` counts the store's ids missing from the input, of which `pruned`
+    were removed (`--prune`) and the rest kept with `present: false`. `encoded` texts were
+    run through the model; `copied` rows took the vectors of an identical text instead
+    (duplicates in the input, or a text the store already held)."""
+
+    kind: str  # full | incremental
+    started: str  # ISO 8601, UTC
+    version: int  # the store version this run made
+    input_files: int
+    input_rows: int
+    input_sha256: str  # digest of the input identity (see `identity_sha256`)
+    rows: int  # rows in the store after the run
+    added: int
+    replaced: int
+    unchanged: int
+    gone: int
+    pruned: int
+    encoded: int
+    copied: int
+    tokens: int  # tokens fed to the model, special tokens and overlap included
+    wall_s: float
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> RunRecord:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in names})
+
+
 @dataclass(frozen=True)
 class PostInfo:
     """A post-processed view: which view it was fitted on and how."""
@@ -112,6 +153,10 @@ class Provenance:
     # (empty in stores written before checksums existed)
     checksums: dict[str, FileSum] = field(default_factory=dict)
     runtime: list[str] = field(default_factory=lambda: ["torch"])  # what ran the encoder
+    # the data version readers open: 0 for the first run, one more per incremental update
+    version: int = 0
+    # one entry per run that wrote the store, oldest first (empty in older stores)
+    history: tuple[RunRecord, ...] = ()
 
     @property
     def views(self) -> list[str]:
@@ -164,6 +209,8 @@ class Provenance:
                 input_identity=input_identity_of(raw),
                 checksums=recorded_checksums(raw),
                 runtime=list(raw.get("runtime", ["torch"])),  # stores before runtimes: torch
+                version=version_of(raw),
+                history=tuple(RunRecord.from_dict(r) for r in raw.get("history") or ()),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"{where}: damaged provenance ({type(exc).__name__}: {exc})") from None
@@ -196,3 +243,11 @@ def recorded_checksums(raw: dict[str, Any] | None) -> dict[str, FileSum]:
 def sealed(raw: dict[str, Any], checksums: dict[str, FileSum]) -> dict[str, Any]:
     """`raw` with `checksums` recorded (what a format writes when a store is complete)."""
     return {**raw, "checksums": {k: asdict(v) for k, v in sorted(checksums.items())}}
+
+
+def version_of(raw: dict[str, Any] | None) -> int:
+    """The data version a store's provenance names (0 when it names none)."""
+    value = (raw or {}).get("version", 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise StoreError(f"damaged provenance: version {value!r} is not a version number")
+    return value

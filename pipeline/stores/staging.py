@@ -31,10 +31,13 @@ LEVELS = ("docs", "chunks", "tokens")
 
 
 class Staging:
-    def __init__(self, store_path: str | Path | Location):
+    """The staging area of a store; `area` names the folder of parts (`parts` for the
+    partitions a run encodes, another name for parts assembled from them)."""
+
+    def __init__(self, store_path: str | Path | Location, area: str = "parts"):
         self.store = store_path if isinstance(store_path, Location) else resolve(store_path)
         self.root = self.store.child(STAGING_DIR)
-        self.parts = self.root.child("parts")
+        self.parts = self.root.child(area)
 
     @property
     def exists(self) -> bool:
@@ -119,3 +122,8 @@ class Staging:
     def remove(self) -> None:
         with contextlib.suppress(OSError):  # what is left is removed with the next store
             self.root.remove_tree()
+
+    def remove_parts(self) -> None:
+        """Empty this area's folder of parts (the rest of the staging area stays)."""
+        with contextlib.suppress(OSError):
+            self.parts.remove_tree()

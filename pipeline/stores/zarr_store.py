@@ -7,6 +7,12 @@ the checksum of every array file, and metadata is consolidated last. Vector arra
 NaN as their fill value, and reads check each chunk against its checksum before
 decoding (`integrity.VerifiedStore`), so a damaged chunk is an error naming the array.
 
+An incremental update writes a whole new version of the arrays into the group
+`versions/<n>` and publishes it by rewriting the root attribute (one atomic file write)
+that names the current version, with the checksums of the new version's files. The
+previous version is retired: its metadata documents are removed, so no new reader opens
+it, while its chunks stay for the readers that opened it before, until the next update.
+
 A store path may be an fsspec URL: the arrays are then read and written through zarr's
 `FsspecStore` with the storage options registered for the URL (`fs.resolve`). Object
 stores have no rename, so a view replaced in place is written under a temporary name and
@@ -39,7 +45,7 @@ from .base import Layout, column_matrix, with_store_token_offsets
 from .columns import MISSING_ATTRIBUTE, StoredColumns, strings_as_objects
 from .fs import Location, filesystem, protocol_of, resolve
 from .integrity import VerifiedStore, file_sum
-from .provenance import FileSum, is_complete, recorded_checksums, sealed
+from .provenance import FileSum, is_complete, recorded_checksums, sealed, version_of
 from .staging import Staging
 
 ROWS_PER_CHUNK = 8192
@@ -60,6 +66,29 @@ DATA_DIRS = ("ids", "docs", "chunks", "tokens", "post")
 # What a damaged chunk can make a codec raise when no checksum caught it first (a store
 # written before checksums existed): blosc RuntimeError, vlen-utf8/reshape ValueError.
 CODEC_ERRORS = (RuntimeError, ValueError, OSError)
+VERSIONS_DIR = "versions"  # versions after the first: versions/<n>/{docs,chunks,post}
+
+
+def version_prefix(version: int) -> str:
+    """Where a version's arrays live inside the store: its root for the first run (version
+    0), `versions/<n>/` for the version the n-th incremental update made."""
+    return "" if version == 0 else f"{VERSIONS_DIR}/{version}/"
+
+
+def _version_group(root: Any, version: int) -> Any:
+    return root[version_prefix(version).rstrip("/")] if version else root
+
+
+def _remove_metadata(folder: Path) -> None:
+    """Remove every Zarr metadata document under `folder` (the chunks stay)."""
+    for doc in sorted(folder.rglob("zarr.json")):
+        doc.unlink(missing_ok=True)
+
+
+def _consolidate(path: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(path)
 
 
 def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int,
@@ -237,13 +266,20 @@ def _open_group(path: str, **kwargs: Any) -> Any:
 
 
 def _verified_group(path: str, writable: bool = False) -> Any:
-    """The root group, opened so that every recorded file is checked as it is read."""
+    """The current version's group (the root for version 0), opened so that every recorded
+    file is checked as it is read."""
     provenance = ZarrFormat().read_provenance(path)
     store = VerifiedStore(zarr_store(path, read_only=not writable),
                           recorded_checksums(provenance), path)
     if writable:
-        return zarr.open_group(store, mode="a", use_consolidated=False)
-    return zarr.open_group(store, mode="r")
+        root = zarr.open_group(store, mode="a", use_consolidated=False)
+    else:
+        root = zarr.open_group(store, mode="r")
+    return _version_group(root, version_of(provenance))
+
+
+def _current_prefix(path: str) -> str:
+    return version_prefix(version_of(ZarrFormat().read_provenance(path)))
 
 
 class ZarrFormat:
@@ -330,17 +366,14 @@ class ZarrFormat:
                             dimension_names=(src.metadata.dimension_names[0], f"{name}_dim"),
                             overwrite=True)
                     out[start : start + len(block)] = block
-                _move_array(resolve(path).child(level), tmp_name, name)
+                _move_array(resolve(path).child(_current_prefix(path) + level), tmp_name, name)
 
     def write_params(self, path: str, name: str, params: dict[str, np.ndarray]) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             root: Any = _open_group(path, mode="a", use_consolidated=False)
-            group = root.require_group("post").require_group(name)
-            for key, value in params.items():
-                dims = tuple(f"{name}_{key}_{i}" for i in range(value.ndim))
-                group.create_array(key, shape=value.shape, dtype=value.dtype, overwrite=True,
-                                   dimension_names=dims)[...] = value
+            prefix = _current_prefix(path)
+            _write_params(root[prefix.rstrip("/")] if prefix else root, name, params)
 
     def read_params(self, path: str, name: str) -> dict[str, np.ndarray]:
         group = _verified_group(path)["post"][name]
@@ -352,21 +385,31 @@ class ZarrFormat:
             warnings.simplefilter("ignore")
             root = _open_group(path, mode="a", use_consolidated=False)
             if is_complete(provenance):
-                _describe(root, provenance)  # before the seal: it changes arrays' zarr.json
-                provenance = sealed(provenance, {rel: sum_ for rel in self.data_files(path)
-                                                 if (sum_ := self.file_sum(path, rel))})
+                provenance = self._sealed(path, root, provenance)
             root.update_attributes({"bertpipe": provenance})
             zarr.consolidate_metadata(root.store)
+
+    def _sealed(self, path: str, root: Any, provenance: dict[str, Any]) -> dict[str, Any]:
+        """`provenance` with the checksum of every file of the version it names; the
+        arrays are described first (that changes their zarr.json)."""
+        version = version_of(provenance)
+        _describe(_version_group(root, version), provenance)
+        return sealed(provenance, {rel: sum_ for rel in self._files_of(path, version)
+                                   if (sum_ := self.file_sum(path, rel))})
 
     def data_files(self, path: str) -> list[str]:
         """Every file of the arrays (chunks and array metadata), as store-relative keys;
         dot-names (a view still being written) are not data yet."""
+        return self._files_of(path, version_of(self.read_provenance(path)))
+
+    def _files_of(self, path: str, version: int) -> list[str]:
         root = resolve(path)
+        prefix = version_prefix(version)
         files = []
         for top in DATA_DIRS:
-            for rel in root.child(top).files():
+            for rel in root.child(prefix + top).files():
                 if not any(p.startswith(".") for p in rel.split("/")):
-                    files.append(f"{top}/{rel}")
+                    files.append(f"{prefix}{top}/{rel}")
         return files
 
     def file_sum(self, path: str, rel: str) -> FileSum | None:
@@ -376,7 +419,8 @@ class ZarrFormat:
         return resolve(path).child(rel).size()
 
     def row_counts(self, path: str) -> dict[str, tuple[str, int]]:
-        root: Any = _open_group(path, mode="r")
+        root: Any = _version_group(_open_group(path, mode="r"),
+                                   version_of(self.read_provenance(path)))
         counts = {"ids": ("docs", int(root["ids"].shape[0]))} if "ids" in root else {}
         for level in ("docs", "chunks"):
             if level in root:
@@ -384,3 +428,73 @@ class ZarrFormat:
                     if not name.startswith("."):
                         counts[f"{level}/{name}"] = (level, int(array.shape[0]))
         return counts
+
+    def write_version(self, path: str, version: int, staging: Staging, layout: Layout,
+                      params: dict[str, dict[str, np.ndarray]]) -> None:
+        folder = Path(path) / version_prefix(version)
+        shutil.rmtree(folder, ignore_errors=True)  # what a killed update left of it
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            root = zarr.open_group(path, mode="a", use_consolidated=False)
+            target = root.require_group(VERSIONS_DIR).require_group(str(version))
+            for level, n in (("docs", layout.n_docs), ("chunks", layout.n_chunks)):
+                if level == "chunks" and not layout.has_chunks:
+                    continue
+                files = [staging.part_path(i, level) for i in layout.indices]
+                columns = StoredColumns.from_parts(files)
+                _write_level(target, level, staging.read_parts(level, layout.indices), n,
+                             columns, columns.string_widths(files))
+            for name, values in params.items():
+                _write_params(target, name, values)
+
+    def publish(self, path: str, version: int, provenance: dict[str, Any]) -> None:
+        if version_of(provenance) != version or not is_complete(provenance):
+            raise ValueError(f"publish: the provenance must be complete and name version "
+                             f"{version}")
+        previous = version_of(self.read_provenance(path))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            root = zarr.open_group(path, mode="a", use_consolidated=False)
+            provenance = self._sealed(path, root, provenance)
+            # the switch: the root attribute names the new version (zarr writes the file by
+            # rename, so a reader sees the old document or the new one, never a mix; until
+            # the metadata is consolidated again, readers read each node's own document)
+            root.update_attributes({"bertpipe": provenance})
+        if previous != version:
+            self._retire(Path(path), previous)
+        _consolidate(path)
+
+    def _retire(self, root: Path, version: int) -> None:
+        """No new reader can open `version` (its metadata documents go); readers that
+        opened it keep their chunks until `drop_retired`."""
+        for name in DATA_DIRS:
+            folder = root / version_prefix(version) / name
+            if folder.is_dir():
+                _remove_metadata(folder)
+
+    def recover(self, path: str) -> None:
+        """Nothing to finish: the switch is one write of the root attribute."""
+
+    def drop_retired(self, path: str) -> None:
+        root = Path(path)
+        current = version_of(self.read_provenance(path))
+        doomed = [root / name for name in DATA_DIRS] if current else []
+        versions = root / VERSIONS_DIR
+        if versions.is_dir():
+            doomed += [p for p in versions.iterdir() if p.is_dir() and p.name != str(current)]
+        removed = False
+        for folder in doomed:
+            if folder.is_dir():
+                shutil.rmtree(folder)
+                removed = True
+        if removed:
+            # why: consolidated metadata naming a removed array would read as fill values
+            _consolidate(path)
+
+
+def _write_params(group: Any, name: str, params: dict[str, np.ndarray]) -> None:
+    post = group.require_group("post").require_group(name)
+    for key, value in params.items():
+        dims = tuple(f"{name}_{key}_{i}" for i in range(value.ndim))
+        post.create_array(key, shape=value.shape, dtype=value.dtype, overwrite=True,
+                          dimension_names=dims)[...] = value

@@ -1,0 +1,206 @@
+"""A new store version, assembled in store order from the current version and the delta.
+
+Each row of the new version takes its results (counts, status, vectors, chunks) from its
+source (`compare.Changes`): a row of the store's current version, or a row of the delta
+this run encoded; its id, carried columns and text digest from its input row (or, for a
+kept row whose id is gone, from the store). Rows are written in blocks as staged parts,
+which the format then writes as the new version's arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import xarray as xr
+
+from ..extract.partition import vector_array
+from ..spec import Job
+from ..stores import Layout, Staging
+from ..stores.parquet_store import file_dataset
+from .compare import Changes
+
+BLOCK_ROWS = 32768  # rows per staged part of the new version (a Parquet row group)
+DOC_FIELDS = ("n_tokens", "n_chunks", "truncated", "status", "n_unk", "n_words",
+              "n_fragmented")
+CHUNK_FIELDS = ("seq", "start", "end", "n_tokens")
+
+# A post-processed view: (the view it derives from, its fitted transform).
+Derived = dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]]
+
+
+@dataclass
+class Source:
+    """Stored results to copy rows from: documents, their chunks, and where each
+    document's chunks start."""
+
+    docs: xr.Dataset
+    chunks: xr.Dataset | None
+    first_chunk: np.ndarray  # (rows,)
+
+    @classmethod
+    def of(cls, docs: xr.Dataset, chunks: xr.Dataset | None) -> Source:
+        n_chunks = np.asarray(docs["n_chunks"].values, np.int64)
+        return cls(docs, chunks, np.cumsum(n_chunks) - n_chunks)
+
+    @classmethod
+    def staged(cls, staging: Staging, indices: Sequence[int], has_chunks: bool) -> Source:
+        """The delta's staged parts, in partition order."""
+        docs = xr.concat([file_dataset(staging.part_path(i, "docs"), "doc") for i in indices],
+                         dim="doc")
+        chunks = None
+        if has_chunks:
+            chunks = xr.concat([file_dataset(staging.part_path(i, "chunks"), "chunk")
+                                for i in indices], dim="chunk")
+        return cls.of(docs, chunks)
+
+
+@dataclass
+class Assembly:
+    """Everything the new version is made of."""
+
+    job: Job
+    changes: Changes
+    store: Source
+    delta: Source | None
+    views: list[str]  # every view the store holds, post-processed ones included
+    derived: Derived  # post-processed views: made from the delta's raw vectors
+
+
+def assemble(a: Assembly, out: Staging, budget: int) -> tuple[Layout, dict[str, int]]:
+    """Write the new version as staged parts; its layout and its stats (rows, chunks,
+    tokens, tokens covered: a truncated row covers `budget` tokens)."""
+    out.parts.make_dirs()
+    has_chunks = "chunks" in a.job.output.levels
+    n = a.changes.rows
+    indices: list[int] = []
+    stats = {"rows": n, "chunks": 0, "tokens": 0, "tokens_covered": 0}
+    for index, start in enumerate(range(0, max(n, 1), BLOCK_ROWS)):
+        rows = np.arange(start, min(start + BLOCK_ROWS, n))
+        docs = _docs_block(a, rows)
+        chunks = _chunks_block(a, rows, docs) if has_chunks else None
+        out.write_part(index, {"docs": docs, "chunks": chunks}, {})
+        indices.append(index)
+        n_tokens = docs.column("n_tokens").to_numpy()
+        truncated = docs.column("truncated").to_numpy(zero_copy_only=False)
+        stats["chunks"] += int(docs.column("n_chunks").to_numpy().sum())
+        stats["tokens"] += int(n_tokens.sum())
+        stats["tokens_covered"] += int(np.where(truncated, np.minimum(n_tokens, budget),
+                                                n_tokens).sum())
+    return Layout(indices, n, stats["chunks"], has_chunks), stats
+
+
+def _docs_block(a: Assembly, rows: np.ndarray) -> pa.Table:
+    c = a.changes
+    from_store, source = c.from_store[rows], c.source[rows]
+    input_row, store_row = c.input_row[rows], c.store_row[rows]
+    has_input = input_row >= 0
+    gone_rows = store_row[~has_input]
+    take = pa.array(input_row[has_input])
+    columns: dict[str, pa.Array] = {"row": pa.array(rows.astype(np.int64))}
+    columns["id"] = _combine(has_input, c.inputs.ids.take(take),
+                             _stored(a.store.docs, "id", gone_rows))
+    fields = {name: _gather(a, "docs", name, from_store, source) for name in DOC_FIELDS}
+    columns["n_tokens"] = pa.array(fields["n_tokens"].astype(np.int64))
+    columns["n_chunks"] = pa.array(fields["n_chunks"].astype(np.int64))
+    columns["truncated"] = pa.array(fields["truncated"].astype(bool))
+    columns["status"] = pa.array(list(fields["status"]), pa.string())
+    for name in a.job.input.carry_columns:
+        columns[name] = _combine(has_input, c.inputs.carry.column(name).take(take),
+                                 _stored(a.store.docs, name, gone_rows))
+    for name in ("n_unk", "n_words", "n_fragmented"):  # vocabulary fit, as a full run
+        columns[name] = pa.array(fields[name].astype(np.int64))
+    columns["text_sha256"] = _combine(has_input, c.inputs.digests.take(take),
+                                      _stored(a.store.docs, "text_sha256", gone_rows))
+    columns["present"] = pa.array(has_input)
+    dtype = a.job.output.dtype
+    for view in a.views:
+        columns[view] = vector_array(_gather(a, "docs", view, from_store, source), dtype)
+    return pa.table(columns)
+
+
+def _chunks_block(a: Assembly, rows: np.ndarray, docs: pa.Table) -> pa.Table:
+    """The chunks of `rows`, in row order, each document's copied from its source."""
+    from_store, source = a.changes.from_store[rows], a.changes.source[rows]
+    counts = docs.column("n_chunks").to_numpy()
+    first = np.zeros(len(rows), np.int64)
+    first[from_store] = a.store.first_chunk[source[from_store]]
+    if a.delta is not None:
+        first[~from_store] = a.delta.first_chunk[source[~from_store]]
+    row_of = np.repeat(np.arange(len(rows)), counts)  # (M,) block row of each chunk
+    within = np.arange(len(row_of)) - np.repeat(np.cumsum(counts) - counts, counts)
+    chunk_source = first[row_of] + within
+    chunk_from_store = from_store[row_of]
+    columns: dict[str, pa.Array] = {"doc": pa.array(rows[row_of].astype(np.int64))}
+    for name in CHUNK_FIELDS:
+        values = _gather(a, "chunks", name, chunk_from_store, chunk_source)
+        columns[name] = pa.array(values.astype(np.int64))
+    for view in a.views:
+        values = _gather(a, "chunks", view, chunk_from_store, chunk_source)
+        columns[view] = vector_array(values, a.job.output.dtype)
+    return pa.table(columns)
+
+
+def _gather(a: Assembly, level: str, name: str, from_store: np.ndarray,
+            source: np.ndarray) -> np.ndarray:
+    """Values of `name` for rows taken from the store (`from_store`) or the delta."""
+    stored = _level(a.store, level)[name].data
+    parts = [(from_store, np.asarray(stored[source[from_store]]))]
+    if a.delta is not None and (~from_store).any():
+        parts.append((~from_store, _delta_values(a, level, name, source[~from_store])))
+    shape = (len(source), *stored.shape[1:])
+    out = np.empty(shape, dtype=parts[0][1].dtype if from_store.any() else parts[-1][1].dtype)
+    for mask, values in parts:
+        out[mask] = values
+    return out
+
+
+def _delta_values(a: Assembly, level: str, name: str, rows: np.ndarray) -> np.ndarray:
+    """A field of delta rows; a post-processed view is its source view, transformed with
+    the store's fitted parameters (so unchanged rows and new ones share one transform)."""
+    assert a.delta is not None
+    if name not in a.derived:
+        return np.asarray(_level(a.delta, level)[name].data[rows])
+    source, transform = a.derived[name]
+    base = (np.asarray(_level(a.delta, level)[source].data[rows]) if source == name
+            else _delta_values(a, level, source, rows))
+    stored = _level(a.store, level)[name]
+    return transform(base.astype(np.float64)).astype(stored.dtype)
+
+
+def _level(source: Source, level: str) -> xr.Dataset:
+    data = source.docs if level == "docs" else source.chunks
+    assert data is not None  # chunks are asked for only when the job stores them
+    return data
+
+
+def _stored(docs: xr.Dataset, name: str, rows: np.ndarray) -> pa.Array | None:
+    """A flat column of store rows as Arrow (NaN, NaT and None read back as nulls); None
+    when the store has no such column (a carried column added since)."""
+    if len(rows) == 0:
+        return None
+    if name not in docs.variables:
+        return pa.nulls(len(rows))
+    values = np.asarray(docs[name].data[rows]) if name != "id" \
+        else np.asarray(docs["id"].values)[rows]
+    return pa.array(values, from_pandas=True)
+
+
+def _combine(has_input: np.ndarray, from_input: pa.Array | pa.ChunkedArray,
+             from_store: pa.Array | None) -> pa.Array:
+    """One column in block order: input rows where `has_input`, store rows elsewhere."""
+    if isinstance(from_input, pa.ChunkedArray):
+        from_input = from_input.combine_chunks()
+    if from_store is None:
+        return from_input
+    try:
+        from_store = from_store.cast(from_input.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        from_input = from_input.cast(from_store.type)  # e.g. integers beside NaN floats
+    k = len(from_input)
+    order = np.empty(len(has_input), np.int64)
+    order[has_input] = np.arange(k)
+    order[~has_input] = k + np.arange(len(has_input) - k)
+    return pa.concat_arrays([from_input, from_store]).take(pa.array(order))

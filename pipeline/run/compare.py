@@ -1,0 +1,202 @@
+"""Comparing the input with a store's current version, row by row, by id and text digest.
+
+Every row of the new version gets a source for its results (the store's current version,
+or the delta of texts this run encodes) and, for its id and carried columns, the input row
+it comes from (or, for a row whose id is gone from the input and is kept, its store row).
+
+Order of the new version: the store's rows keep their positions (a changed text is
+replaced in place, a pruned row is dropped), then the rows with new ids, in input order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import xarray as xr
+
+from ..errors import InputError, StoreError
+from ..extract.source import Partition, read_partition
+from ..extract.texthash import text_sha256
+from ..spec import InputSpec
+
+
+@dataclass
+class StoreRows:
+    """What the comparison needs of the store's current version, in store order."""
+
+    ids: pa.Array
+    digests: pa.Array  # hex SHA-256 of each row's text
+    present: np.ndarray  # bool
+
+    @classmethod
+    def of(cls, docs: xr.Dataset, path: str) -> StoreRows:
+        if "text_sha256" not in docs or "present" not in docs:
+            raise StoreError(f"output.path: {path} was written without text digests (by an "
+                             "older bertpipe), so an incremental run cannot tell which rows "
+                             "changed; rebuild it once with --overwrite")
+        ids = pa.array(np.asarray(docs["id"].values))
+        digests = pa.array(np.asarray(docs["text_sha256"].values), pa.string())
+        return cls(ids, digests, np.asarray(docs["present"].values, dtype=bool))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class InputRows:
+    """The input as the new version needs it: ids, text digests and carried columns."""
+
+    ids: pa.ChunkedArray
+    digests: pa.ChunkedArray
+    carry: pa.Table
+
+
+@dataclass
+class Changes:
+    """The new version, row by row, and the texts this run must encode for it."""
+
+    from_store: np.ndarray  # (R,) bool: results come from the store's current version
+    source: np.ndarray  # (R,) int64: row of the store, or of the delta
+    input_row: np.ndarray  # (R,) int64: row of the input, -1 for a kept row whose id is gone
+    store_row: np.ndarray  # (R,) int64: row of the store it was, -1 for a new id
+    inputs: InputRows
+    delta_digests: list[str] = field(default_factory=list)  # distinct texts to encode
+    delta_texts: list[str | None] = field(default_factory=list)
+    added: int = 0
+    replaced: int = 0
+    unchanged: int = 0
+    gone: int = 0
+    pruned: int = 0
+
+    @property
+    def rows(self) -> int:
+        return len(self.source)
+
+    @property
+    def encoded(self) -> int:
+        return len(self.delta_digests)
+
+    @property
+    def copied(self) -> int:
+        """Rows needing new results that take those of an identical text instead."""
+        return self.added + self.replaced - self.encoded
+
+
+def compare(spec: InputSpec, parts: Sequence[Partition], store: StoreRows,
+            prune: bool) -> Changes:
+    """Read the input partition by partition (ids, texts, carried columns) and decide, row
+    by row, what the new version holds and what must be encoded."""
+    ids, digests, carry = [], [], []
+    delta: dict[str, int] = {}  # digest -> row of the delta
+    delta_texts: list[str | None] = []
+    store_ids = store.ids
+    for part in parts:
+        rows = read_partition(spec, part)
+        part_ids = _ids_like(rows.ids, store_ids, spec)
+        part_digests = pa.array(text_sha256(rows.texts), pa.string())
+        at = pc.index_in(part_ids, value_set=store_ids)
+        known = pc.fill_null(pc.equal(store.digests.take(at), part_digests), False)
+        held = pc.is_in(part_digests, value_set=store.digests)  # an identical text is stored
+        wanted = np.flatnonzero(~_np(known) & ~_np(held))
+        for i in wanted:
+            digest = part_digests[i].as_py()
+            if digest not in delta:
+                delta[digest] = len(delta_texts)
+                delta_texts.append(rows.texts[i])
+        ids.append(part_ids)
+        digests.append(part_digests)
+        carry.append(pa.table(rows.carry) if rows.carry else pa.table({}))
+    inputs = InputRows(pa.chunked_array(ids, store_ids.type),
+                       pa.chunked_array(digests, pa.string()),
+                       _concat(carry, sum(p.n_rows for p in parts)))
+    _check_unique(inputs.ids, spec, parts)
+    return _plan(store, inputs, delta, delta_texts, prune)
+
+
+def _plan(store: StoreRows, inputs: InputRows, delta: dict[str, int],
+          delta_texts: list[str | None], prune: bool) -> Changes:
+    at = _indices(pc.index_in(inputs.ids, value_set=store.ids))  # (N,) store row or -1
+    copy_of = _indices(pc.index_in(inputs.digests, value_set=store.digests))
+    delta_row = _indices(pc.index_in(inputs.digests,
+                                     value_set=pa.array(list(delta), pa.string())))
+    n_store = len(store)
+    input_of = np.full(n_store, -1, np.int64)  # store row -> input row
+    input_of[at[at >= 0]] = np.flatnonzero(at >= 0)
+    gone = input_of < 0
+    kept = ~gone | (not prune)
+    old_rows = np.flatnonzero(kept)
+    new_rows = np.flatnonzero(at < 0)  # input rows with new ids, in input order
+    input_row = np.concatenate([input_of[old_rows], new_rows])
+    store_row = np.concatenate([old_rows, np.full(len(new_rows), -1, np.int64)])
+    same = np.zeros(len(input_row), bool)
+    in_old = np.flatnonzero(store_row >= 0)
+    has_input = input_row[in_old] >= 0
+    matched = in_old[has_input]  # store rows whose id is in the input
+    same[matched] = _np(pc.equal(store.digests.take(pa.array(store_row[matched])),
+                                 inputs.digests.take(pa.array(input_row[matched]))))
+    same[in_old[~has_input]] = True  # a gone row keeps what it had
+    # results: the row's own (unchanged or gone), an identical stored text, or the delta
+    from_store = same.copy()
+    source = np.where(same, store_row, -1)
+    need = np.flatnonzero(~same)
+    copies = copy_of[input_row[need]]
+    from_store[need] = copies >= 0
+    source[need] = np.where(copies >= 0, copies, delta_row[input_row[need]])
+    if (source < 0).any():  # every needed text is stored or in the delta, by construction
+        raise StoreError("internal: a row of the new version has no source")
+    replaced = int((~same[in_old]).sum())
+    return Changes(
+        from_store=from_store, source=source, input_row=input_row, store_row=store_row,
+        inputs=inputs, delta_digests=list(delta), delta_texts=delta_texts,
+        added=len(new_rows), replaced=replaced,
+        unchanged=int(has_input.sum()) - replaced, gone=int(gone.sum()),
+        pruned=int(gone.sum()) if prune else 0)
+
+
+def _ids_like(ids: pa.Array, store_ids: pa.Array, spec: InputSpec) -> pa.Array:
+    """The input's ids in the store's id type (integers of any width compare as int64)."""
+    if ids.type == store_ids.type:
+        return ids
+    same_kind = (pa.types.is_integer(ids.type) and pa.types.is_integer(store_ids.type)) or \
+        (pa.types.is_string(ids.type) and pa.types.is_string(store_ids.type))
+    if len(store_ids) and not same_kind:
+        raise StoreError(f"input.id_column: the input's ids ({spec.id_column!r}) are "
+                         f"{ids.type}, the store's are {store_ids.type}; rows cannot be "
+                         "matched: a full run (--overwrite) is needed")
+    try:
+        return ids.cast(store_ids.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise StoreError(f"input.id_column: ids of type {ids.type} do not fit the store's "
+                         f"{store_ids.type}; a full run (--overwrite) is needed") from None
+
+
+def _check_unique(ids: pa.ChunkedArray, spec: InputSpec, parts: Sequence[Partition]) -> None:
+    counts = pc.value_counts(ids)
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+    if len(repeated) == 0:
+        return
+    dup = repeated[0]["values"].as_py()
+    rows = np.flatnonzero(_np(pc.equal(ids, pa.scalar(dup, ids.type))))
+    shown = ", ".join(str(r) for r in rows[:3]) + (" ..." if len(rows) > 3 else "")
+    raise InputError(f"input.id_column: id {dup!r} is on {len(rows)} rows of the input (rows "
+                     f"{shown}); an incremental run matches rows to the store by id, so ids "
+                     "must be unique")
+
+
+def _concat(tables: list[pa.Table], n: int) -> pa.Table:
+    if not tables or tables[0].num_columns == 0:
+        return pa.table({"_": pa.nulls(n)}).drop_columns(["_"])
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def _indices(found: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """index_in results as int64, -1 where not found."""
+    return np.asarray(pc.fill_null(found, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _np(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool)

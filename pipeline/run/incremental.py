@@ -1,0 +1,291 @@
+"""Incremental runs: encode only what is new or changed, then publish a new store version.
+
+The input is compared with the store's current version by id and by each text's digest
+(`compare`). Rows whose id is known and whose text is the same keep their stored results;
+new ids and changed texts need results, which are copied from an identical stored text
+when there is one, else encoded, each distinct text once. Ids gone from the input stay
+with `present: false`, or are removed with `prune`.
+
+The distinct texts to encode (the delta) are written to the staging area as a Parquet
+table and run through the ordinary partition machinery (markers, lock, resume, either
+executor). The new version is then assembled in store order (`assemble`), written beside
+the current one and published in one atomic step: until then, readers see the previous
+version, and a killed run leaves it as it was (a rerun resumes from the delta's markers).
+
+Refused, before anything is written: a job without `input.id_column`, and a store made
+with other model weights, views, chunking, dtype or levels (its vectors would not match;
+a full run with --overwrite is needed). An absent or empty output path, or a store whose
+first run is unfinished, is left to the full run (returns None).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import JobError, PartitionError, StoreError
+from ..extract.model import model_fingerprint
+from ..extract.preflight import preflight
+from ..extract.source import Partition, input_identity, plan_partitions
+from ..post.apply import load_transform
+from ..spec import InputSpec, Job
+from ..stores import Staging, format_named
+from ..stores.opened import StoreData, open_store_data
+from ..stores.ownership import inspect_output
+from ..stores.provenance import (
+    InputFile,
+    ModelInfo,
+    Provenance,
+    RunRecord,
+    identity_sha256,
+    is_complete,
+)
+from ..version import __version__
+from .assemble import Assembly, Derived, Source, assemble
+from .compare import Changes, StoreRows, compare
+from .executors import Executor, OnDone
+from .output import OutputSession, check_output_location
+from .record import (
+    OnPlan,
+    RunSummary,
+    collect,
+    now_iso,
+    reusable,
+    run_fingerprint,
+    runtime_versions,
+)
+
+log = logging.getLogger(__name__)
+
+DELTA_FILE = "delta.parquet"  # in the staging area
+ASSEMBLED = "assembled"  # staging folder of the new version's parts
+
+
+def run_incremental(job: Job, executor: Executor, on_done: OnDone | None,
+                    on_plan: OnPlan | None, job_file: str | Path | None, prune: bool,
+                    say: Callable[[str], None] = log.info,
+                    summary: RunSummary | None = None) -> RunSummary | None:
+    """Update the complete store at `output.path` with the input's new and changed rows;
+    None when there is no complete store yet (the caller runs the job in full).
+    `summary`, when given, is filled in place (the caller keeps it if the run fails)."""
+    started = time.perf_counter()
+    if not job.input.id_column:
+        raise JobError("output.incremental: needs input.id_column (rows are matched to the "
+                       "store by id)")
+    plan = preflight(job)
+    run = _Run(job, input_identity(job.input), model_fingerprint(job.model.path), started)
+    check_output_location(job, job_file)
+    output = OutputSession(job.output.path, run.fingerprint)
+    output.refuse_if_locked()
+    opened = _complete_store(job, say)
+    if opened is None:
+        return None
+    current = opened.provenance
+    check_compatible(job, run.model, current, opened.path)
+    summary = summary or RunSummary(opened.path)
+    summary.incremental, summary.version = True, current.version
+    if current.input_identity == run.identity and current.run_fingerprint == run.fingerprint:
+        summary.already_complete = True
+        summary.rows = int(opened.docs.sizes["doc"])
+        _clear_published(output, current)
+        return summary
+    with executor, output:
+        store = open_store_data(opened.path)  # under the lock: the version this run builds on
+        changes = compare(job.input, plan.partitions, StoreRows.of(store.docs, store.path),
+                          prune)
+        say(f"incremental: {changes.added} new, {changes.replaced} changed, "
+            f"{changes.unchanged} unchanged, {changes.gone} gone; {changes.encoded} texts "
+            f"to encode ({changes.copied} rows copy an identical text)")
+        staging, delta_job, parts, delta_fp = _stage_delta(run, store, changes)
+        done = {i: m for i, m in staging.done(delta_fp).items() if reusable(m, parts)}
+        pending = [p for p in parts if p.index not in done]
+        summary.partitions = len(parts)
+        summary.skipped = len(parts) - len(pending)
+        if on_plan:
+            on_plan(parts, pending)
+        failures = executor.run(delta_job, pending, staging, delta_fp,
+                                collect(done, on_done, summary))
+        summary.run = len(pending) - len(failures)
+        if failures:
+            part, reason = failures[0]
+            summary.failed = [f"partition {p.index} of the texts to encode: {msg}"
+                              for p, msg in failures]
+            raise PartitionError(f"{len(failures)} of {len(parts)} partitions of the texts to "
+                                 f"encode failed, the others are kept for a rerun; the store "
+                                 f"is unchanged (version {current.version}); first: "
+                                 f"partition {part.index}: {reason}")
+        markers = [done[p.index] for p in parts]
+        provenance = _commit(run, store, changes, staging, parts, markers, plan.budget)
+    return _summarised(summary, provenance, changes, markers, started)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What an incremental run is: its job, input identity, model and start."""
+
+    job: Job
+    identity: tuple[InputFile, ...]
+    model: dict[str, Any]
+    started: float  # perf_counter
+    started_at: str = field(default_factory=now_iso)
+
+    @property
+    def fingerprint(self) -> str:
+        return run_fingerprint(self.job, self.model)
+
+
+def _complete_store(job: Job, say: Callable[[str], None]) -> StoreData | None:
+    """The complete store at output.path, or None when the job must run in full."""
+    path = job.output.path
+    contents = inspect_output(path)
+    if contents.state in ("absent", "empty"):
+        say(f"{path}: no store yet; running the job in full")
+        return None
+    fmt = format_named(contents.format or job.output.format)
+    if contents.state == "store":
+        fmt.recover(path)  # an update killed in its switch: finish publishing it
+    if contents.state != "store" or not is_complete(fmt.read_provenance(path)):
+        return None  # the full run refuses, resumes or replaces it by its own rules
+    return open_store_data(path)
+
+
+def _summarised(summary: RunSummary, provenance: Provenance, changes: Changes,
+                markers: list[dict[str, Any]], started: float) -> RunSummary:
+    summary.version = provenance.version
+    summary.rows = changes.rows
+    summary.chunks = int(provenance.stats["chunks"])
+    summary.tokens = int(provenance.stats["tokens"])
+    for name in ("added", "replaced", "unchanged", "gone", "pruned", "encoded", "copied"):
+        setattr(summary, name, getattr(changes, name))
+    summary.wall_s = time.perf_counter() - started
+    return summary
+
+
+def check_compatible(job: Job, model: dict[str, Any], current: Provenance, path: str) -> None:
+    """The store's vectors are what this job would compute: same model weights, views,
+    chunking, dtype, levels and format."""
+    before, now = current.job.vector_parts(), job.vector_parts()
+    changed = [key for key in now if before.get(key) != now[key]]
+    if changed:
+        raise StoreError(f"output.path: {path} was made with other {', '.join(changed)} than "
+                         "this job; its vectors would not match new ones, so it cannot be "
+                         "updated incrementally: a full run is needed (--overwrite)")
+    if current.model.weights_sha256 != model["weights_sha256"]:
+        raise StoreError(f"output.path: {path} was made with other model weights than "
+                         f"{job.model.path}; its vectors would not match new ones, so it "
+                         "cannot be updated incrementally: a full run is needed (--overwrite)")
+
+
+def _clear_published(output: OutputSession, current: Provenance) -> None:
+    """Remove the staging area of an update that was published before its run could clean
+    up (killed right after the switch)."""
+    staging = Staging(output.location)
+    run = staging.run_info()
+    if run is None or run.get("mode") != "incremental" or \
+            run.get("base_version", -1) >= current.version:
+        return
+    with output:
+        staging.remove()
+
+
+def _stage_delta(run: _Run, store: StoreData, changes: Changes
+                 ) -> tuple[Staging, Job, list[Partition], str]:
+    """The staging area holding the delta table: reused when an interrupted run left the
+    same delta on the same version, else started afresh."""
+    job, fingerprint = run.job, run.fingerprint
+    staging = Staging(store.path)
+    delta_file = Path(staging.root.path) / DELTA_FILE  # incremental runs are local only
+    partition_rows = job.execution.partition_rows
+    key = hashlib.sha256(json.dumps({
+        "base_version": store.provenance.version, "fingerprint": fingerprint,
+        "partition_rows": partition_rows, "delta": changes.delta_digests}).encode()).hexdigest()
+    left = staging.run_info() or {}  # what an interrupted run left
+    if not (left.get("mode") == "incremental" and left.get("delta") == key
+            and delta_file.exists()):
+        staging.remove()
+        staging.begin({"mode": "incremental", "run_fingerprint": fingerprint,
+                       "job": job.to_dict(), "partition_rows": partition_rows,
+                       "input_identity": [asdict(f) for f in run.identity],
+                       "base_version": store.provenance.version, "delta": key})
+        _write_delta(delta_file, changes, partition_rows)
+    delta_job = replace(job, input=InputSpec(path=str(delta_file), text_column="text",
+                                             id_column="digest"))
+    parts = plan_partitions(delta_job.input, partition_rows) if changes.encoded else []
+    delta_fp = hashlib.sha256(f"{fingerprint}:{key}".encode()).hexdigest()
+    return staging, delta_job, parts, delta_fp
+
+
+def _write_delta(file: Path, changes: Changes, partition_rows: int) -> None:
+    table = pa.table({"digest": pa.array(changes.delta_digests, pa.string()),
+                      "text": pa.array(changes.delta_texts, pa.string())})
+    tmp = file.with_name(f".{file.name}.tmp")
+    pq.write_table(table, tmp, row_group_size=max(partition_rows, 1), compression="zstd")
+    tmp.replace(file)
+
+
+def _commit(run: _Run, store: StoreData, changes: Changes, staging: Staging,
+            parts: list[Partition], markers: list[dict[str, Any]], budget: int) -> Provenance:
+    """Assemble and write the new version beside the current one, then publish it."""
+    job = run.job
+    fmt, path, current = store.fmt, store.path, store.provenance
+    fmt.drop_retired(path)  # versions before the current one: their readers had a run's time
+    version = current.version + 1
+    has_chunks = "chunks" in job.output.levels
+    delta = Source.staged(staging, [p.index for p in parts], has_chunks) if parts else None
+    derived: Derived = {}
+    for name, info in current.post.items():
+        transform = load_transform(store, name)
+        if transform is not None:
+            derived[name] = (info.source, transform.apply)
+    assembled = Staging(path, ASSEMBLED)
+    assembled.remove_parts()
+    layout, stats = assemble(Assembly(job, changes, Source.of(store.docs, store.chunks), delta,
+                                      store.views, derived), assembled, budget)
+    # fitted parameters never change in an update: new rows get the store's transform
+    params = {name: fmt.read_params(path, name) for name in current.post}
+    fmt.write_version(path, version, assembled, layout, params)
+    record = _record(run, version, changes, markers)
+    provenance = _provenance(run, current, markers, record, stats, version)
+    fmt.publish(path, version, provenance.to_dict())
+    staging.remove()
+    return provenance
+
+
+def _provenance(run: _Run, current: Provenance, markers: list[dict[str, Any]],
+                record: RunRecord, stats: dict[str, int], version: int) -> Provenance:
+    import torch
+    import transformers
+
+    return replace(
+        current, run_fingerprint=run.fingerprint, job=run.job, model=ModelInfo(**run.model),
+        versions={"bertpipe": __version__, "torch": torch.__version__,
+                  "transformers": transformers.__version__, **runtime_versions(markers)},
+        device=sorted(set(current.device) | {m["device"] for m in markers}),
+        dtype=sorted(set(current.dtype) | {m["dtype"] for m in markers}),
+        runtime=sorted(set(current.runtime) | {m.get("runtime", "torch") for m in markers}),
+        created=now_iso(), stats=dict(stats), complete=True, input_identity=run.identity,
+        version=version, history=(*current.history, record))
+
+
+def _record(run: _Run, version: int, changes: Changes,
+            markers: list[dict[str, Any]]) -> RunRecord:
+    """The history entry of this run (its wall time up to the switch)."""
+    identity = run.identity
+    return RunRecord(
+        kind="incremental", started=run.started_at, version=version,
+        input_files=len(identity), input_rows=sum(f.rows for f in identity),
+        input_sha256=identity_sha256(identity),
+        rows=changes.rows, added=changes.added, replaced=changes.replaced,
+        unchanged=changes.unchanged, gone=changes.gone, pruned=changes.pruned,
+        encoded=changes.encoded, copied=changes.copied,
+        tokens=sum(int(m["n_encoded"]) for m in markers),
+        wall_s=round(time.perf_counter() - run.started, 3))

@@ -1,0 +1,195 @@
+"""What a run reports and records: its summary (line and JSON form), the run fingerprint,
+the provenance and history entry of a finished run, and which staged markers a run may
+reuse."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ..extract.source import Partition
+from ..spec import Job
+from ..stores.provenance import (
+    FORMAT_VERSION,
+    InputFile,
+    ModelInfo,
+    Provenance,
+    RunRecord,
+    identity_sha256,
+)
+from ..version import __version__
+from .executors import OnDone
+
+# on_plan(all partitions, pending partitions) once after planning: progress reporting.
+OnPlan = Callable[[Sequence[Partition], Sequence[Partition]], None]
+
+
+@dataclass
+class RunSummary:
+    """What a run did. `rows`, `chunks`, `tokens` describe the finished store; `tokens_run`
+    and the rate count only the partitions encoded by this run (not those a resume skipped).
+    Filled as the run goes, so a failed run still reports how far it got.
+
+    Rows by what the run did with them: a full run adds every row; an incremental run adds
+    new ids, replaces changed texts, skips unchanged rows and keeps or prunes gone ids.
+    `encoded` distinct texts went through the model; `copied` rows took the results of an
+    identical text instead (the encodings saved)."""
+
+    path: str
+    rows: int = 0
+    chunks: int = 0
+    tokens: int = 0
+    tokens_run: int = 0
+    wall_s: float = 0.0
+    partitions: int = 0
+    skipped: int = 0
+    run: int = 0
+    failed: list[str] = field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+    already_complete: bool = False
+    encoded: int = 0
+    copied: int = 0
+    added: int = 0
+    replaced: int = 0
+    unchanged: int = 0
+    gone: int = 0  # ids of the store missing from the input
+    pruned: int = 0  # of those, removed (the others are kept, present: false)
+    incremental: bool = False
+    version: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_run / self.wall_s if self.wall_s else 0.0
+
+    def line(self) -> str:
+        if self.already_complete and self.incremental:
+            return (f"{self.path}: up to date with its input (version {self.version}); "
+                    "nothing to encode")
+        if self.already_complete:
+            return f"{self.path}: already complete for this job; nothing to do"
+        parts = (f"partitions skipped {self.skipped}, run {self.run}, "
+                 f"failed {len(self.failed)}")
+        rate = (f"{self.tokens_run} tokens encoded in {self.wall_s:.1f}s "
+                f"({self.tokens_per_s:,.0f} tokens/s)")
+        if self.incremental:
+            kept = "" if not self.gone else \
+                " (removed)" if self.pruned else " (kept with present=false)"
+            return (f"version {self.version}: encoded {self.encoded} rows, skipped "
+                    f"{self.unchanged} unchanged, replaced {self.replaced}, added "
+                    f"{self.added}, {self.gone} gone{kept}; {self.copied} encodings saved "
+                    f"by identical texts; {self.rows} rows in the store; {rate}; {parts}")
+        return (f"{self.rows} rows, {self.chunks} chunks, {rate}; encoded {self.encoded} "
+                f"rows, {self.copied} encodings saved by identical texts; {parts}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (`extract --json-summary`, schemas/run-summary.schema.json)."""
+        return {"store": self.path, "rows": self.rows, "chunks": self.chunks,
+                "tokens": self.tokens, "tokens_encoded_this_run": self.tokens_run,
+                "wall_seconds": round(self.wall_s, 3),
+                "tokens_per_second": round(self.tokens_per_s, 1),
+                "partitions": {"total": self.partitions, "skipped": self.skipped,
+                               "run": self.run, "failed": len(self.failed)},
+                "failed_partitions": self.failed, "device": self.devices,
+                "dtype": self.dtypes, "already_complete": self.already_complete,
+                "mode": "incremental" if self.incremental else "full",
+                "version": self.version,
+                "rows_by_outcome": {"encoded": self.encoded, "deduplicated": self.copied,
+                                    "added": self.added, "replaced": self.replaced,
+                                    "skipped": self.unchanged, "gone": self.gone,
+                                    "pruned": self.pruned}}
+
+
+def run_fingerprint(job: Job, model: dict[str, Any]) -> str:
+    """What must match for a rerun to reuse parts: the job's content and the weights."""
+    blob = json.dumps({"job": job.fingerprint(), "weights": model["weights_sha256"]},
+                      sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def reusable(marker: dict[str, Any], parts: Sequence[Partition]) -> bool:
+    """A marker stands for a planned partition: same index, row range and input file."""
+    index = marker.get("index")
+    if not isinstance(index, int) or not 0 <= index < len(parts):
+        return False
+    part = parts[index]
+    return (marker.get("rows") == [part.row_start, part.row_stop]
+            and marker.get("input") == part.footer_sha256)
+
+
+def collect(done: dict[int, dict[str, Any]], on_done: OnDone | None,
+            summary: RunSummary) -> OnDone:
+    def record(part: Partition, marker: dict[str, Any]) -> None:
+        done[part.index] = marker
+        summary.tokens_run += int(marker["n_tokens"])
+        summary.devices = sorted({*summary.devices, str(marker.get("device", "?"))})
+        summary.dtypes = sorted({*summary.dtypes, str(marker.get("dtype", "?"))})
+        if on_done:
+            on_done(part, marker)
+    return record
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def build_provenance(job: Job, markers: Sequence[dict[str, Any]], model: dict[str, Any],
+                     fingerprint: str) -> Provenance:
+    """The provenance of a finished run, still marked incomplete."""
+    import torch
+    import transformers
+
+    return Provenance(
+        format_version=FORMAT_VERSION,
+        run_fingerprint=fingerprint,
+        job=job,
+        model=ModelInfo(**model),
+        versions={"bertpipe": __version__, "torch": torch.__version__,
+                  "transformers": transformers.__version__, **runtime_versions(markers)},
+        device=sorted({m["device"] for m in markers}),
+        dtype=sorted({m["dtype"] for m in markers}),
+        runtime=sorted({m.get("runtime", "torch") for m in markers}),
+        created=now_iso(),
+        stats={
+            "rows": sum(m["rows"][1] - m["rows"][0] for m in markers),
+            "chunks": sum(m["n_chunks"] for m in markers),
+            "tokens": sum(m["n_tokens"] for m in markers),
+            "tokens_covered": sum(m["n_covered"] for m in markers),
+            "tokens_encoded": sum(m["n_encoded"] for m in markers),
+            "partitions": len(markers),
+            "partition_seconds": round(sum(m["seconds"] for m in markers), 3),
+            **({"tokens_stored": sum(m["n_stored_tokens"] for m in markers)}
+               if job.token_views else {}),
+        },
+        complete=False,
+    )
+
+
+def runtime_versions(markers: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Versions of the optional runtimes that ran partitions (torch is always recorded)."""
+    from importlib.metadata import version
+
+    used = {m.get("runtime", "torch") for m in markers} - {"torch"}
+    return {name: version(name) for name in sorted(used)}
+
+
+def encoded_rows(markers: Sequence[dict[str, Any]]) -> int:
+    """Distinct texts the partitions encoded (markers without the count encoded every row)."""
+    return sum(int(m.get("n_unique", m["rows"][1] - m["rows"][0])) for m in markers)
+
+
+def full_run_record(started: str, markers: Sequence[dict[str, Any]],
+                    identity: Sequence[InputFile], wall_s: float) -> RunRecord:
+    """The history entry of a full run: every input row added."""
+    rows = sum(m["rows"][1] - m["rows"][0] for m in markers)
+    encoded = encoded_rows(markers)
+    return RunRecord(
+        kind="full", started=started, version=0, input_files=len(identity),
+        input_rows=sum(f.rows for f in identity), input_sha256=identity_sha256(identity),
+        rows=rows, added=rows, replaced=0, unchanged=0, gone=0, pruned=0, encoded=encoded,
+        copied=rows - encoded, tokens=sum(int(m["n_encoded"]) for m in markers),
+        wall_s=round(wall_s, 3))

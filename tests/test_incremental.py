@@ -1,0 +1,905 @@
+"""Incremental runs on the sample reviews: only new and changed rows are encoded, and the
+store that results equals a run from scratch over the new table, row by row (by id).
+
+The scenario: a store of 400 reviews; then the table gains 150 reviews, 20 texts are
+edited and 10 reviews are deleted. An incremental run must encode exactly the 170 new and
+edited texts, say so in its summary and its history, and leave a store whose rows match
+a full run over the new table (vectors to 1e-5, flags and counts exactly); the 10 deleted
+ids stay, flagged `present: false`, or are gone with `prune`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+import xarray as xr
+import zarr
+from click.testing import CliRunner
+
+import pipeline
+import pipeline.post.apply
+from pipeline.cli import main
+from pipeline.errors import InputError, JobError, PartitionError, StoreError
+from pipeline.run.executors import InProcessExecutor
+from pipeline.run.runner import run_job
+from pipeline.spec import Job, PostSpec
+from pipeline.stores.verify import verify_store
+from tests.conftest import REPO, REVIEWS, job_dict, write_job
+
+FORMATS = list(pipeline.stores.FORMATS)
+BASE_ROWS, NEW_ROWS, EDITED, DELETED = 400, 150, 20, 10
+EDITED_AT = list(range(3, 400, 20))  # 20 positions of the base table
+DELETED_AT = list(range(11, 400, 40))  # 10 other positions
+RELABELLED_AT = [7, 47, 87]  # carried values change, texts do not
+
+
+def _reviews() -> pa.Table:
+    """Ids, texts (the first 300 characters, to keep the tiny model quick) and labels."""
+    table = pq.read_table(REVIEWS, columns=["id", "text", "label"])
+    short = pc.utf8_slice_codeunits(table.column("text"), 0, 300)
+    return table.set_column(1, "text", short)
+
+
+def _base() -> pa.Table:
+    return _reviews().slice(0, BASE_ROWS)
+
+
+def _updated() -> pa.Table:
+    """The base table with 20 texts edited, 3 labels changed (texts unchanged) and 10 rows
+    deleted, then 150 new rows."""
+    base = _base()
+    texts = base.column("text").to_pylist()
+    for i in EDITED_AT:
+        texts[i] = f"{texts[i]} edited: it worked."
+    labels = base.column("label").to_pylist()
+    for i in RELABELLED_AT:
+        labels[i] = "relabelled"
+    edited = base.set_column(1, "text", pa.array(texts, pa.string()))
+    edited = edited.set_column(2, "label", pa.array(labels, pa.string()))
+    keep = np.ones(BASE_ROWS, bool)
+    keep[DELETED_AT] = False
+    return pa.concat_tables([edited.filter(pa.array(keep)),
+                             _reviews().slice(BASE_ROWS, NEW_ROWS)])
+
+
+def _job(model: Path, source: Path, out: Path, fmt: str, **sections: Any) -> Job:
+    sections = {"input": {"carry_columns": ["label"]},
+                "output": {"path": str(out), "format": fmt},
+                "chunking": {"strategy": "hierarchical", "max_tokens": 48},
+                "execution": {"scheduler": "synchronous", "partition_rows": 64},
+                **sections}
+    return Job.from_dict(job_dict(source, model, out, **sections))
+
+
+def _by_id(store: pipeline.Store) -> dict[Any, int]:
+    return {key: i for i, key in enumerate(np.asarray(store.docs["id"].values).tolist())}
+
+
+def _chunks_of(store: pipeline.Store) -> tuple[np.ndarray, np.ndarray]:
+    n_chunks = np.asarray(store.docs["n_chunks"].values)
+    return np.cumsum(n_chunks) - n_chunks, n_chunks
+
+
+def assert_same_rows(got: pipeline.Store, want: pipeline.Store, views: list[str]) -> None:
+    """Every row of `want` is in `got` under its id with the same flags, counts, carried
+    values and digests, vectors within 1e-5; chunks likewise, document by document."""
+    rows = _by_id(got)
+    want_ids = np.asarray(want.docs["id"].values).tolist()
+    at = np.array([rows[key] for key in want_ids])
+    for name in ("n_tokens", "n_chunks", "truncated", "status", "label", "text_sha256",
+                 "present"):
+        np.testing.assert_array_equal(np.asarray(got.docs[name].values)[at],
+                                      np.asarray(want.docs[name].values), err_msg=name)
+    for view in views:
+        np.testing.assert_allclose(got.vectors(view)[at], want.vectors(view), atol=1e-5,
+                                   rtol=0, err_msg=view)
+    if want.chunks is None:
+        assert got.chunks is None
+        return
+    assert got.chunks is not None
+    got_first, counts = _chunks_of(got)
+    want_first, _ = _chunks_of(want)
+    take = np.concatenate([np.arange(got_first[r], got_first[r] + counts[r]) for r in at])
+    np.testing.assert_array_equal(np.asarray(got.chunks["doc"].values)[take],
+                                  np.repeat(at, counts[at]))
+    for name in ("seq", "start", "end", "n_tokens"):
+        np.testing.assert_array_equal(np.asarray(got.chunks[name].values)[take],
+                                      np.asarray(want.chunks[name].values), err_msg=name)
+    for view in views:
+        np.testing.assert_allclose(got.vectors(view, "chunks")[take],
+                                   want.vectors(view, "chunks"), atol=1e-5, rtol=0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def torch_one_thread() -> Iterator[None]:
+    """One torch thread: on a busy 2-core machine the tiny model runs ~7x faster so."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path,
+            torch_one_thread: None) -> dict[str, Path]:
+    """From-scratch stores over the updated table, one per format (the oracle)."""
+    root = tmp_path_factory.mktemp("scratch")
+    source = root / "updated.parquet"
+    pq.write_table(_updated(), source)
+    stores = {}
+    for fmt in FORMATS:
+        job = _job(tiny_bert, source, root / f"scratch.{fmt}", fmt)
+        run_job(job)
+        stores[fmt] = Path(job.output.path)
+    return stores
+
+
+@pytest.fixture(scope="module")
+def base_stores(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path,
+                torch_one_thread: None) -> dict[str, Job]:
+    """A full run over the first 400 reviews, one store per format (tests update copies)."""
+    stores = {}
+    for fmt in FORMATS:
+        root = tmp_path_factory.mktemp(f"base-{fmt}")
+        source = root / "reviews.parquet"
+        pq.write_table(_base(), source)
+        job = _job(tiny_bert, source, root / f"store.{fmt}", fmt)
+        summary = run_job(job)
+        assert summary.rows == BASE_ROWS and summary.encoded == BASE_ROWS
+        stores[fmt] = job
+    return stores
+
+
+def _base_store(tmp_path: Path, base_stores: dict[str, Job], fmt: str) -> Job:
+    """A copy of the base store, its job, and its input grown in place (a store does not
+    depend on its folder: paths in its provenance only describe the run that made it)."""
+    base = base_stores[fmt]
+    source = tmp_path / "reviews.parquet"
+    shutil.copytree(base.output.path, tmp_path / f"store.{fmt}")
+    pq.write_table(_updated(), source)  # the table has grown
+    return _job(Path(base.model.path), source, tmp_path / f"store.{fmt}", fmt)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_update_encodes_only_new_and_changed_rows(fmt: str, tmp_path: Path,
+                                                  base_stores: dict[str, Job],
+                                                  scratch: dict[str, Path]) -> None:
+    job = _base_store(tmp_path, base_stores, fmt)
+    summary = run_job(job, incremental=True)
+    assert summary.encoded == NEW_ROWS + EDITED
+    assert (summary.added, summary.replaced, summary.gone, summary.pruned) == \
+        (NEW_ROWS, EDITED, DELETED, 0)
+    assert summary.unchanged == BASE_ROWS - EDITED - DELETED
+    assert "encoded 170 rows" in summary.line() and "replaced 20" in summary.line()
+    store = pipeline.open_store(job.output.path)
+    history = store.provenance.history
+    assert [h.kind for h in history] == ["full", "incremental"]
+    assert (history[1].encoded, history[1].added, history[1].replaced, history[1].gone,
+            history[1].rows) == (170, 150, 20, 10, BASE_ROWS + NEW_ROWS)
+    assert history[0].encoded == BASE_ROWS and store.provenance.version == 1
+    # the store's rows kept their places (edited ones replaced in place), new ones follow
+    ids = np.asarray(store.docs["id"].values)
+    np.testing.assert_array_equal(ids[:BASE_ROWS], _base().column("id").to_numpy())
+    np.testing.assert_array_equal(ids[BASE_ROWS:],
+                                  _reviews().slice(BASE_ROWS, NEW_ROWS).column("id").to_numpy())
+    present = np.asarray(store.docs["present"].values)
+    assert np.flatnonzero(~present).tolist() == DELETED_AT
+    current = store.docs.isel(doc=store.docs.present.values)  # as docs/incremental.md shows
+    assert int(current.sizes["doc"]) == BASE_ROWS + NEW_ROWS - DELETED
+    oracle = pipeline.open_store(scratch[fmt])
+    assert_same_rows(store, oracle, ["mean", "cls"])
+    assert int(store.docs.sizes["doc"]) == BASE_ROWS + NEW_ROWS
+    # a row's text is found by id once rows are no longer in input order
+    updated = _updated().column("text").to_pylist()
+    for row, want in ((BASE_ROWS, updated[BASE_ROWS - DELETED]), (EDITED_AT[1],
+                                                                 updated[EDITED_AT[1] - 1])):
+        frame = store.chunk_texts(row)
+        assert "".join(frame["text"]) == want
+    with pytest.raises(InputError, match="not in .* any more"):
+        store.chunk_texts(DELETED_AT[0])
+    # nothing new: nothing encoded, nothing written
+    again = run_job(job, incremental=True)
+    assert again.already_complete and again.encoded == 0
+    assert len(pipeline.open_store(job.output.path).provenance.history) == 2
+    # once the input changes, a plain rerun says so and that an update would do
+    pq.write_table(_reviews().slice(0, 10), job.input.path)
+    with pytest.raises(StoreError, match="changed .*--overwrite.*or --incremental"):
+        run_job(job)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_prune_removes_gone_rows(fmt: str, tmp_path: Path, base_stores: dict[str, Job],
+                                 scratch: dict[str, Path]) -> None:
+    job = _base_store(tmp_path, base_stores, fmt)
+    summary = run_job(job, incremental=True, prune=True)
+    assert (summary.encoded, summary.gone, summary.pruned) == (170, DELETED, DELETED)
+    store = pipeline.open_store(job.output.path)
+    oracle = pipeline.open_store(scratch[fmt])
+    assert int(store.docs.sizes["doc"]) == int(oracle.docs.sizes["doc"])
+    assert_same_rows(store, oracle, ["mean", "cls"])
+    assert store.provenance.history[-1].pruned == DELETED
+
+
+class DiesAfter(InProcessExecutor):
+    """Runs the first `n` partitions, then dies as a killed process would."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def run(self, job, parts, staging, fingerprint, on_done):  # type: ignore[no-untyped-def]
+        super().run(job, parts[: self.n], staging, fingerprint, on_done)
+        raise KeyboardInterrupt
+
+
+def _snapshot(path: str) -> dict[str, Any]:
+    store = pipeline.open_store(path)
+    return {"version": store.provenance.version, "rows": int(store.docs.sizes["doc"]),
+            "ids": np.asarray(store.docs["id"].values), "mean": store.vectors("mean"),
+            "chunks": store.vectors("mean", "chunks")}
+
+
+def _snapshot_rows(job: Job) -> int:
+    """Chunks in a job's store (what a half-done switch changes first)."""
+    return int(pipeline.open_store(job.output.path).chunks.sizes["chunk"])
+
+
+def _assert_snapshot(path: str, before: dict[str, Any]) -> None:
+    now = _snapshot(path)
+    assert (now["version"], now["rows"]) == (before["version"], before["rows"])
+    for key in ("ids", "mean", "chunks"):
+        np.testing.assert_array_equal(now[key], before[key])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_killed_update_leaves_the_previous_version_then_resumes(
+        fmt: str, tmp_path: Path, base_stores: dict[str, Job],
+        scratch: dict[str, Path]) -> None:
+    job = _base_store(tmp_path, base_stores, fmt)
+    before = _snapshot(job.output.path)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(job, executor=DiesAfter(1), incremental=True)
+    _assert_snapshot(job.output.path, before)
+    summary = run_job(job, incremental=True)
+    assert summary.skipped == 1 and summary.encoded == 170
+    assert_same_rows(pipeline.open_store(job.output.path), pipeline.open_store(scratch[fmt]),
+                     ["mean", "cls"])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_failed_partition_and_failed_switch_leave_the_previous_version(
+        fmt: str, tmp_path: Path, base_stores: dict[str, Job], scratch: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partition that fails, then a commit killed after the new version is written but
+    before it is published: the store opens as before each time; the rerun finishes."""
+    job = _base_store(tmp_path, base_stores, fmt)
+    before = _snapshot(job.output.path)
+
+    class FailsThird(InProcessExecutor):
+        def run(self, job, parts, staging, fingerprint, on_done):  # type: ignore[no-untyped-def]
+            failures = super().run(job, parts[:2], staging, fingerprint, on_done)
+            return failures + [(part, "RuntimeError: out of memory") for part in parts[2:]]
+
+    with pytest.raises(PartitionError, match="store is unchanged \\(version 0\\)"):
+        run_job(job, executor=FailsThird(), incremental=True)
+    _assert_snapshot(job.output.path, before)
+
+    def killed(self, path, version, provenance):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(pipeline.stores.format_named(fmt)), "publish", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(job, incremental=True)
+    written = (Path(job.output.path) / "versions" / "1" if fmt == "zarr" else
+               Path(job.output.path) / "_bertpipe" / "next" / "docs" / "part-0.parquet")
+    assert written.exists()  # written, not published
+    _assert_snapshot(job.output.path, before)
+    assert verify_store(job.output.path) == []  # the previous version still proves itself
+    if fmt == "zarr":  # plain xarray, too, still reads the first version
+        plain = xr.open_zarr(job.output.path, group="docs")
+        np.testing.assert_array_equal(plain["mean"].values, before["mean"])
+    else:
+        assert len(pd.read_parquet(Path(job.output.path) / "docs")) == BASE_ROWS
+    monkeypatch.undo()
+    summary = run_job(job, incremental=True)
+    assert summary.run == 0 and summary.skipped >= 3 and summary.encoded == 170
+    assert_same_rows(pipeline.open_store(job.output.path), pipeline.open_store(scratch[fmt]),
+                     ["mean", "cls"])
+    assert verify_store(job.output.path) == []
+
+
+def test_parquet_switch_killed_between_its_renames_is_finished_by_the_next_run(
+        tmp_path: Path, base_stores: dict[str, Job], scratch: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Parquet switch is two renames (chunks, then docs): killed between them, the next
+    run finishes it from the sealed staged docs file, encoding nothing."""
+    job = _base_store(tmp_path, base_stores, "parquet")
+    real_replace = os.replace
+
+    def dies_on_docs(src: Any, dst: Any) -> None:
+        if str(src).endswith("_bertpipe/next/docs/part-0.parquet"):
+            raise KeyboardInterrupt  # the docs file's rename, after the chunks file's
+        real_replace(src, dst)
+
+    monkeypatch.setattr(pipeline.stores.parquet_store.os, "replace", dies_on_docs)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(job, incremental=True)
+    monkeypatch.undo()
+    chunks = pq.ParquetFile(Path(job.output.path) / "chunks" / "part-0.parquet")
+    assert chunks.metadata.num_rows != _snapshot_rows(base_stores["parquet"])  # switched
+    summary = run_job(job, incremental=True)
+    assert summary.already_complete and summary.encoded == 0 and summary.version == 1
+    store = pipeline.open_store(job.output.path)
+    assert store.provenance.version == 1
+    assert_same_rows(store, pipeline.open_store(scratch["parquet"]), ["mean", "cls"])
+    assert verify_store(job.output.path) == []
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_readers_see_one_version(fmt: str, tmp_path: Path,
+                                 base_stores: dict[str, Job]) -> None:
+    """Opened during the update: the previous version, also when read after the switch.
+    Opened after: the new one. The previous version cannot be opened any more."""
+    job = _base_store(tmp_path, base_stores, fmt)
+    path = job.output.path
+    before = _snapshot(path)
+    seen: dict[str, Any] = {}
+
+    class OpensMidway(InProcessExecutor):
+        def run(self, job, parts, staging, fingerprint, on_done):  # type: ignore[no-untyped-def]
+            failures = super().run(job, parts[:1], staging, fingerprint, on_done)
+            seen["store"] = pipeline.open_store(path)  # lazily: read after the switch
+            seen["snapshot"] = _snapshot(path)
+            return failures + super().run(job, parts[1:], staging, fingerprint, on_done)
+
+    run_job(job, executor=OpensMidway(), incremental=True)
+    for key in ("ids", "mean", "chunks"):
+        np.testing.assert_array_equal(seen["snapshot"][key], before[key])
+    old = seen["store"]
+    np.testing.assert_array_equal(old.vectors("mean"), before["mean"])
+    np.testing.assert_array_equal(old.vectors("mean", "chunks"), before["chunks"])
+    np.testing.assert_array_equal(np.asarray(old.docs["id"].values), before["ids"])
+    new = pipeline.open_store(path)
+    assert new.provenance.version == 1
+    assert int(new.docs.sizes["doc"]) == BASE_ROWS + NEW_ROWS
+    if fmt == "zarr":
+        with pytest.raises(KeyError, match="docs"):
+            xr.open_zarr(path, group="docs")  # retired: never the stale first version
+        plain = xr.open_zarr(path, group="versions/1/docs")
+        np.testing.assert_array_equal(plain["mean"].values, new.vectors("mean"))
+        assert plain["mean"].attrs["pooling"] == "mean" and "id" in plain.coords
+        group = zarr.open_group(path, mode="r").attrs["bertpipe"]["version"]
+        assert group == 1
+    else:  # the table folders hold the current version: a plain glob reads it
+        frame = pd.read_parquet(Path(path) / "docs")
+        assert len(frame) == BASE_ROWS + NEW_ROWS
+        np.testing.assert_allclose(np.stack(frame["mean"].to_numpy()), new.vectors("mean"))
+        assert pads.dataset(Path(path) / "chunks").count_rows() == new.chunks.sizes["chunk"]
+    assert verify_store(path) == []
+    # the next update removes the retired version's data; the current one stays readable
+    pq.write_table(pa.concat_tables([_updated(), _reviews().slice(550, 5)]),
+                   job.input.path)
+    assert run_job(job, incremental=True).encoded == 5
+    if fmt == "zarr":
+        assert not (Path(path) / "docs").exists()
+        assert sorted(p.name for p in (Path(path) / "versions").iterdir()
+                      if p.is_dir()) == ["1", "2"]
+    else:
+        assert sorted(p.name for p in Path(path).iterdir()) == ["chunks", "docs"]
+        assert [p.name for p in (Path(path) / "docs").iterdir()] == ["part-0.parquet"]
+    assert verify_store(path) == []
+
+
+# --- refusals: nothing is written ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path,
+                torch_one_thread: None) -> Job:
+    """A 40-row Zarr store that the refusal cases leave as they found it."""
+    root = tmp_path_factory.mktemp("small")
+    source = root / "base.parquet"
+    pq.write_table(_reviews().slice(0, 40), source)
+    job = _job(tiny_bert, source, root / "store.zarr", "zarr",
+               execution={"scheduler": "synchronous", "partition_rows": 16})
+    run_job(job)
+    return job
+
+
+def _grown(job: Job, tmp_path: Path, rows: pa.Table | None = None) -> Path:
+    """A new input beside the store's (input.path may change between runs)."""
+    source = tmp_path / "grown.parquet"
+    pq.write_table(rows if rows is not None else _reviews().slice(0, 45), source)
+    return source
+
+
+def _with(job: Job, tmp_path: Path, **sections: Any) -> Job:
+    raw = job.to_dict()
+    raw["input"]["path"] = str(_grown(job, tmp_path))
+    for key, value in sections.items():
+        raw[key] = {**raw[key], **value} if key != "views" else value
+    return Job.from_dict(raw)
+
+
+REFUSALS: list[tuple[str, Any, type[Exception], str]] = [
+    ("other pooling", lambda j, t, m: _with(j, t, views={"mean": {"pooling": "max"},
+                                                         "cls": {"pooling": "cls"}}),
+     StoreError, "other views than this job.*a full run is needed \\(--overwrite\\)"),
+    ("other chunking", lambda j, t, m: _with(j, t, chunking={"max_tokens": 32}),
+     StoreError, "other chunking"),
+    ("other dtype", lambda j, t, m: _with(j, t, output={"dtype": "float16"}),
+     StoreError, "other output.dtype"),
+    ("other weights", lambda j, t, m: _with(j, t, model={"path": str(m)}),
+     StoreError, "other model weights"),
+    ("no id column", lambda j, t, m: _with(j, t, input={"id_column": None}),
+     JobError, "output.incremental: needs input.id_column"),
+    ("repeated id", lambda j, t, m: Job.from_dict({**j.to_dict(), "input": {
+        **j.to_dict()["input"], "path": str(_grown(j, t, pa.concat_tables(
+            [_reviews().slice(0, 45), _reviews().slice(30, 1)])))}}),
+     InputError, "id [0-9]+ is on 2 rows of the input \\(rows 30, 45\\).*unique"),
+]
+
+
+@pytest.mark.parametrize(("case", "make", "error", "message"), REFUSALS,
+                         ids=[c[0] for c in REFUSALS])
+def test_refusals_leave_the_store(case: str, make: Any, error: type[Exception], message: str,
+                                  small_store: Job, tmp_path: Path,
+                                  tiny_roberta: Path) -> None:
+    before = _snapshot(small_store.output.path)
+    job = make(small_store, tmp_path, tiny_roberta)
+    with pytest.raises(error, match=message):
+        run_job(job, incremental=True)
+    _assert_snapshot(small_store.output.path, before)
+    assert not (Path(small_store.output.path) / "_bertpipe").exists()
+
+
+def test_prune_and_overwrite_need_the_right_mode(small_store: Job) -> None:
+    with pytest.raises(JobError, match="--prune: only with --incremental"):
+        run_job(small_store, prune=True)
+    with pytest.raises(JobError, match="--overwrite replaces it; choose one"):
+        run_job(small_store, incremental=True, overwrite=True)
+
+
+def test_store_without_digests_is_refused(tmp_path: Path, tiny_bert: Path) -> None:
+    source = tmp_path / "in.parquet"
+    pq.write_table(_reviews().slice(0, 10), source)
+    job = _job(tiny_bert, source, tmp_path / "old.zarr", "zarr")
+    run_job(job)
+    # as an older bertpipe wrote it: no text digests (checksums sealed again without them)
+    root = zarr.open_group(job.output.path, mode="a", use_consolidated=False)
+    del root["docs"]["text_sha256"]
+    fmt = pipeline.stores.format_named("zarr")
+    fmt.update_provenance(job.output.path, fmt.read_provenance(job.output.path) or {})
+    pq.write_table(_reviews().slice(0, 12), source)
+    with pytest.raises(StoreError, match="without text digests.*--overwrite"):
+        run_job(job, incremental=True)
+
+
+# --- the first run, duplicates, carried and post-processed views ------------------------------
+
+def test_first_incremental_run_is_a_full_run(tmp_path: Path, tiny_bert: Path) -> None:
+    source = tmp_path / "in.parquet"
+    pq.write_table(_reviews().slice(0, 20), source)
+    job = _job(tiny_bert, source, tmp_path / "new.parquet", "parquet",
+               output={"path": str(tmp_path / "new.parquet"), "format": "parquet",
+                       "incremental": True})
+    summary = run_job(job)
+    assert not summary.incremental and summary.encoded == 20
+    store = pipeline.open_store(job.output.path)
+    assert [h.kind for h in store.provenance.history] == ["full"]
+    assert store.provenance.version == 0
+    again = run_job(job)
+    assert again.already_complete and again.incremental and again.encoded == 0
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_identical_texts_are_encoded_once(fmt: str, tmp_path: Path, tiny_bert: Path) -> None:
+    """Within a partition and against the store: duplicates take copies of one encoding."""
+    texts = ["the drug worked", "bad side effects", "the drug worked", None, "",
+             "bad side effects", "the drug worked", "great"]
+    source = tmp_path / "dups-input.parquet"
+    pq.write_table(pa.table({"id": [f"d{i}" for i in range(8)], "text": texts,
+                             "label": ["x"] * 8}), source)
+    job = _job(tiny_bert, source, tmp_path / f"dups.{fmt}", fmt)
+    summary = run_job(job)
+    assert (summary.rows, summary.encoded, summary.copied) == (8, 5, 3)  # None and "" too
+    assert "3 encodings saved" in summary.line()
+    store = pipeline.open_store(job.output.path)
+    mean = store.vectors("mean")
+    np.testing.assert_array_equal(mean[0], mean[2])
+    np.testing.assert_array_equal(mean[0], mean[6])
+    # one text encoded alone gives the same vector (batch composition aside)
+    alone = tmp_path / "alone-input.parquet"
+    pq.write_table(pa.table({"id": ["a"], "text": ["the drug worked"], "label": ["x"]}), alone)
+    single = _job(tiny_bert, alone, tmp_path / f"alone.{fmt}", fmt)
+    run_job(single)
+    np.testing.assert_allclose(pipeline.open_store(single.output.path).vectors("mean")[0],
+                               mean[0], atol=1e-5)
+    chunks = np.asarray(store.chunks["doc"].values) if store.chunks is not None else None
+    assert chunks is not None and sorted(set(chunks.tolist())) == [0, 1, 2, 5, 6, 7]
+    # a new id whose text the store holds: copied, nothing encoded
+    pq.write_table(pa.table({"id": [*(f"d{i}" for i in range(8)), "d8"],
+                             "text": [*texts, "great"], "label": ["x"] * 9}), source)
+    update = run_job(job, incremental=True)
+    assert (update.added, update.encoded, update.copied) == (1, 0, 1)
+    grown = pipeline.open_store(job.output.path)
+    np.testing.assert_array_equal(grown.vectors("mean")[8], mean[7])
+    assert int(np.asarray(grown.docs["n_chunks"].values)[8]) == \
+        int(np.asarray(store.docs["n_chunks"].values)[7])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_post_processed_views_keep_their_fit(fmt: str, tmp_path: Path, tiny_bert: Path) -> None:
+    """New rows are transformed with the parameters fitted on the first run, so the values
+    of rows already in the store never move."""
+    source = tmp_path / "in.parquet"
+    pq.write_table(_reviews().slice(0, 30), source)
+    job = _job(tiny_bert, source, tmp_path / f"post.{fmt}", fmt,
+               views={"mean": {"pooling": "mean"}, "cls": {"pooling": "cls", "post": "center"}})
+    run_job(job)
+    pipeline.post.apply.postprocess(job.output.path, "mean", PostSpec(method="center"))
+    before = pipeline.open_store(job.output.path)
+    pq.write_table(_reviews().slice(0, 36), source)
+    assert run_job(job, incremental=True).encoded == 6
+    after = pipeline.open_store(job.output.path)
+    assert after.views == before.views == ["mean", "cls", "mean_center"]
+    for view in after.views:
+        np.testing.assert_array_equal(after.vectors(view)[:30], before.vectors(view))
+        np.testing.assert_array_equal(after.vectors(view, "chunks")[: before.chunks.sizes[
+            "chunk"]], before.vectors(view, "chunks"))
+    mean_fit = after.fmt.read_params(after.path, "mean_center")["mean"]
+    np.testing.assert_allclose(mean_fit, before.fmt.read_params(before.path,
+                                                                "mean_center")["mean"])
+    np.testing.assert_allclose(after.vectors("mean_center")[30:],
+                               after.vectors("mean")[30:] - mean_fit, atol=1e-6)
+    # cls was centred in place: the new rows are raw cls minus the first run's mean
+    scratch_job = _job(tiny_bert, source, tmp_path / f"raw.{fmt}", fmt,
+                       views={"cls": {"pooling": "cls"}})
+    run_job(scratch_job)
+    raw = pipeline.open_store(scratch_job.output.path).vectors("cls")
+    cls_fit = after.fmt.read_params(after.path, "cls")["mean"]
+    np.testing.assert_allclose(after.vectors("cls")[30:], raw[30:] - cls_fit, atol=1e-5)
+    # post-processing an updated store writes into its current version
+    pipeline.post.apply.postprocess(job.output.path, "mean", PostSpec(method="whiten", dims=4))
+    whitened = pipeline.open_store(job.output.path)
+    assert whitened.provenance.version == 1
+    assert whitened.vectors("mean_whiten").shape == (36, 4)
+    assert whitened.vectors("mean_whiten", "chunks").shape[1] == 4
+    np.testing.assert_array_equal(whitened.vectors("mean"), after.vectors("mean"))
+
+
+# --- the command line ---------------------------------------------------------------------
+
+def test_command_line_update_and_inspect(tmp_path: Path, tiny_bert: Path) -> None:
+    source = tmp_path / "in.parquet"
+    pq.write_table(_reviews().slice(0, 30), source)
+    job = job_dict(source, tiny_bert, tmp_path / "cli.zarr", input={"carry_columns": ["label"]},
+                   chunking={"strategy": "hierarchical", "max_tokens": 48})
+    job_file = write_job(tmp_path / "job.yaml", job)
+    assert CliRunner().invoke(main, ["extract", str(job_file)]).exit_code == 0
+    pq.write_table(_reviews().slice(2, 33), source)
+    result = CliRunner().invoke(main, ["extract", str(job_file), "--incremental", "--prune"])
+    assert result.exit_code == 0, result.stderr
+    assert "version 1: encoded 5 rows, skipped 28 unchanged, replaced 0, added 5, 2 gone " \
+           "(removed)" in result.stdout
+    assert "incremental: 5 new, 0 changed, 28 unchanged, 2 gone; 5 texts to encode" \
+        in result.stderr
+    shown = CliRunner().invoke(main, ["inspect", str(tmp_path / "cli.zarr")]).stdout
+    assert "version    1" in shown
+    assert "full        v0  30 rows: 30 added; encoded 30 (0 copied)" in shown
+    assert "incremental v1  33 rows: 5 added, 0 replaced, 28 unchanged, 2 gone (pruned)" \
+        in shown
+    again = CliRunner().invoke(main, ["extract", str(job_file), "--incremental"])
+    assert "up to date with its input (version 1); nothing to encode" in again.stdout
+    wrong = CliRunner().invoke(main, ["extract", str(job_file), "--prune"])
+    assert wrong.exit_code == 2
+    assert wrong.stderr.strip().splitlines() == [
+        "error: Invalid value for '--prune': only with --incremental (or output.incremental: "
+        "true) (see main extract --help)"]
+    no_ids = write_job(tmp_path / "no-ids.yaml", {**job, "input": {**job["input"],
+                                                                    "id_column": None}})
+    for args in (["extract", str(no_ids), "--incremental"],
+                 ["validate", str(no_ids), "--set", "output.incremental=true"]):
+        refused = CliRunner().invoke(main, args)
+        assert refused.exit_code == 2
+        assert refused.stderr.strip().splitlines() == [
+            f"error: {no_ids}: output.incremental: needs input.id_column (rows are matched to "
+            "the store by id)"]
+    plan = CliRunner().invoke(main, ["extract", str(job_file), "--incremental", "--dry-run"])
+    assert "mode       incremental" in plan.stdout
+
+
+# --- a killed process, and the real model ---------------------------------------------------
+
+@pytest.mark.slow
+def test_sigkill_during_update(tmp_path: Path, base_stores: dict[str, Job],
+                               scratch: dict[str, Path]) -> None:
+    """SIGKILL while the delta is being encoded: the store opens as before; the lock is
+    reported stale, `bertpipe unlock` clears it, and the rerun resumes to the right store."""
+    job = _base_store(tmp_path, base_stores, "zarr")
+    before = _snapshot(job.output.path)
+    raw = job.to_dict()
+    raw["execution"]["partition_rows"] = 4  # many small partitions: time to kill mid-way
+    job_file = write_job(tmp_path / "job.yaml", raw)
+    env = {**os.environ, "PYTHONPATH": str(Path(pipeline.__file__).parent.parent)}
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "extract", str(job_file),
+                             "--incremental"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    parts = Path(job.output.path) / "_bertpipe" / "parts"
+    deadline = time.monotonic() + 180
+    while not list(parts.glob("*.done.json")) and time.monotonic() < deadline:
+        assert proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    _assert_snapshot(job.output.path, before)
+    resumed = Job.from_dict(raw)
+    with pytest.raises(StoreError, match="bertpipe unlock"):
+        run_job(resumed, incremental=True)
+    assert CliRunner().invoke(main, ["unlock", job.output.path]).exit_code == 0
+    summary = run_job(resumed, incremental=True)
+    assert summary.skipped >= 1 and summary.encoded == NEW_ROWS + EDITED
+    assert_same_rows(pipeline.open_store(job.output.path), pipeline.open_store(scratch["zarr"]),
+                     ["mean", "cls"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_update_with_the_real_model(fmt: str, tmp_path: Path, minilm: Path) -> None:
+    """all-MiniLM-L6-v2 on the sample reviews, the issue's scenario: 400 rows, then 150
+    new, 20 edited, 10 deleted: exactly 170 encoded (summary and history), the store equals
+    a full run over the new table by id; a killed update leaves the previous version, the
+    rerun gives the same store; nothing new encodes nothing."""
+    sections = {"chunking": {"strategy": "hierarchical", "max_tokens": 128},
+                "execution": {"scheduler": "synchronous", "partition_rows": 64}}
+    source = tmp_path / "reviews.parquet"
+    pq.write_table(_base(), source)
+    job = _job(minilm, source, tmp_path / f"store.{fmt}", fmt, **sections)
+    run_job(job)
+    before = _snapshot(job.output.path)
+    pq.write_table(_updated(), source)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(job, executor=DiesAfter(1), incremental=True)
+    _assert_snapshot(job.output.path, before)
+    summary = run_job(job, incremental=True)
+    assert (summary.encoded, summary.added, summary.replaced, summary.gone) == \
+        (NEW_ROWS + EDITED, NEW_ROWS, EDITED, DELETED)
+    store = pipeline.open_store(job.output.path)
+    assert store.provenance.history[-1].encoded == NEW_ROWS + EDITED
+    full_source = tmp_path / "updated.parquet"
+    pq.write_table(_updated(), full_source)
+    full = _job(minilm, full_source, tmp_path / f"full.{fmt}", fmt, **sections)
+    run_job(full)
+    assert_same_rows(store, pipeline.open_store(full.output.path), ["mean", "cls"])
+    assert verify_store(job.output.path) == []
+    started = time.perf_counter()
+    again = run_job(job, incremental=True)
+    assert again.already_complete and again.encoded == 0
+    assert time.perf_counter() - started < 30  # start-up time: no model is loaded
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+def test_update_on_a_local_dask_cluster(tmp_path: Path, tiny_bert: Path) -> None:
+    """The delta runs through the Dask executor like any partitions (one local worker)."""
+    source = tmp_path / "in.parquet"
+    pq.write_table(_reviews().slice(0, 40), source)
+    execution = {"scheduler": "local", "workers": 1, "threads_per_worker": 1,
+                 "partition_rows": 16}
+    job = _job(tiny_bert, source, tmp_path / "dask.zarr", "zarr", execution=execution)
+    run_job(job)
+    pq.write_table(_reviews().slice(0, 60), source)
+    summary = run_job(job, incremental=True)
+    assert (summary.encoded, summary.run) == (20, 2)
+    full_source = tmp_path / "full.parquet"
+    pq.write_table(_reviews().slice(0, 60), full_source)
+    full = _job(tiny_bert, full_source, tmp_path / "full.zarr", "zarr")
+    run_job(full)
+    assert_same_rows(pipeline.open_store(job.output.path), pipeline.open_store(full.output.path),
+                     ["mean", "cls"])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_carried_columns_with_nulls_and_documents_only(fmt: str, tmp_path: Path,
+                                                       tiny_bert: Path) -> None:
+    """Carried values come from the input for every present row and from the store for a
+    kept gone row, nulls included; a store of documents only updates too."""
+    ids = list(range(12))
+    texts = [f"the drug worked {'very ' * i}well" for i in ids]
+    scores = [None if i % 5 == 0 else i for i in ids]
+    tags = [None if i % 4 == 1 else f"t{i}" for i in ids]
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": ids, "text": texts, "score": scores, "tag": tags}), source)
+    job = _job(tiny_bert, source, tmp_path / f"carry.{fmt}", fmt,
+               input={"carry_columns": ["score", "tag"]},
+               output={"path": str(tmp_path / f"carry.{fmt}"), "format": fmt,
+                       "levels": ["docs"]})
+    run_job(job)
+    keep = [i for i in ids if i not in (5, 9)]  # gone: id 5 has a null score, 9 a null tag
+    new_ids = keep + [12, 13]
+    new_scores = [scores[i] if i != 3 else 33 for i in keep] + [None, 13]
+    new_tags = [tags[i] for i in keep] + ["t12", None]
+    pq.write_table(pa.table({"id": new_ids, "text": [texts[i] for i in keep] + ["great", "bad"],
+                             "score": pa.array(new_scores, pa.int32()), "tag": new_tags}),
+                   source)
+    summary = run_job(job, incremental=True)
+    assert (summary.encoded, summary.added, summary.gone) == (2, 2, 2)
+    store = pipeline.open_store(job.output.path)
+    assert store.chunks is None
+    got_ids = np.asarray(store.docs["id"].values).tolist()
+    assert got_ids == ids + [12, 13]
+    want_scores = {**dict(zip(ids, scores, strict=True)),
+                   **dict(zip(new_ids, new_scores, strict=True))}
+    want_tags = {**dict(zip(ids, tags, strict=True)), **dict(zip(new_ids, new_tags, strict=True))}
+    got_scores = np.asarray(store.docs["score"].values, dtype=np.float64)
+    for key, value in zip(got_ids, got_scores, strict=True):
+        assert (np.isnan(value) if want_scores[key] is None else value == want_scores[key]), key
+    assert np.asarray(store.docs["tag"].values).tolist() == [want_tags[k] for k in got_ids]
+    assert np.asarray(store.docs["present"].values).tolist() == [k not in (5, 9)
+                                                                 for k in got_ids]
+    # id 5 comes back with its old text: unflagged, nothing encoded
+    back = pa.table({"id": [*new_ids, 5], "text": [*[texts[i] for i in keep], "great", "bad",
+                                                  texts[5]],
+                     "score": pa.array([*new_scores, 50], pa.int32()),
+                     "tag": [*new_tags, "back"]})
+    pq.write_table(back, source)
+    returned = run_job(job, incremental=True)
+    assert (returned.encoded, returned.added, returned.unchanged, returned.gone) == \
+        (0, 0, len(new_ids) + 1, 1)
+    store = pipeline.open_store(job.output.path)
+    assert np.asarray(store.docs["present"].values).tolist() == [k != 9 for k in got_ids]
+    assert np.asarray(store.docs["tag"].values)[5] == "back"
+
+
+# --- integrity, machine-readable output, token views -----------------------------------
+
+def _damage(file: Path, at: int) -> None:
+    data = bytearray(file.read_bytes())
+    data[at] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_verify_after_an_update_and_a_damaged_chunk_of_the_new_version(
+        fmt: str, tmp_path: Path, base_stores: dict[str, Job]) -> None:
+    """An updated store carries the checksums of its new version's files, as a store run
+    from scratch does: `bertpipe verify` passes, and a damaged chunk is named."""
+    job = _base_store(tmp_path, base_stores, fmt)
+    run_job(job, incremental=True)
+    path = Path(job.output.path)
+    result = CliRunner().invoke(main, ["verify", str(path)])
+    assert result.exit_code == 0, result.output
+    assert f"{BASE_ROWS + NEW_ROWS} rows" in result.stdout
+    store = pipeline.open_store(path)
+    recorded = store.provenance.checksums
+    if fmt == "zarr":
+        assert recorded and all(rel.startswith("versions/1/") for rel in recorded)
+        chunk = path / "versions" / "1" / "chunks" / "mean" / "c" / "0" / "0"
+        _damage(chunk, chunk.stat().st_size // 2)
+        problems = verify_store(path)
+        assert problems == ["versions/1/chunks/mean: chunk c/0/0 is damaged (its bytes do not "
+                            "match the recorded checksum)"]
+    else:
+        assert set(recorded) == {"docs/part-0.parquet", "chunks/part-0.parquet"}
+        chunk = path / "chunks" / "part-0.parquet"
+        _damage(chunk, recorded["chunks/part-0.parquet"].size // 2)
+        problems = verify_store(path)
+        assert problems == ["chunks/part-0.parquet is damaged (its bytes do not match the "
+                            "recorded checksum)"]
+    with pytest.raises(StoreError, match="chunks"):
+        pipeline.open_store(path).vectors("mean", "chunks")
+    refused = CliRunner().invoke(main, ["verify", str(path)])
+    assert refused.exit_code == 5 and "damaged" in refused.stderr
+
+
+def _schema(name: str) -> dict[str, Any]:
+    return json.loads((REPO / "schemas" / name).read_text())
+
+
+def test_json_summary_and_inspect_json_report_the_update(tmp_path: Path,
+                                                         tiny_bert: Path) -> None:
+    source = tmp_path / "in.parquet"
+    table = _reviews().slice(0, 30)
+    pq.write_table(pa.concat_tables([table, table.slice(0, 2).set_column(
+        0, "id", pa.array([9001, 9002], table.schema.field("id").type))]), source)
+    job = job_dict(source, tiny_bert, tmp_path / "j.zarr", input={"carry_columns": ["label"]},
+                   chunking={"strategy": "hierarchical", "max_tokens": 48},
+                   execution={"scheduler": "synchronous", "partition_rows": 64})
+    job_file = write_job(tmp_path / "job.yaml", job)
+    out = tmp_path / "summary.json"
+    first = CliRunner().invoke(main, ["extract", str(job_file), "--json-summary", str(out)])
+    assert first.exit_code == 0, first.output
+    full = json.loads(out.read_text())
+    jsonschema.validate(full, _schema("run-summary.schema.json"))
+    assert full["mode"] == "full" and full["version"] == 0
+    assert full["rows_by_outcome"] == {"encoded": 30, "deduplicated": 2, "added": 32,
+                                       "replaced": 0, "skipped": 0, "gone": 0, "pruned": 0}
+    texts = _reviews().slice(0, 40).column("text").to_pylist()
+    texts[4] = "changed"
+    grown = _reviews().slice(0, 40).set_column(1, "text", pa.array(texts))
+    pq.write_table(grown.filter(pa.array([i != 7 for i in range(40)])), source)
+    update = CliRunner().invoke(main, ["extract", str(job_file), "--incremental", "--prune",
+                                       "--json-summary", str(out)])
+    assert update.exit_code == 0, update.output
+    summary = json.loads(out.read_text())
+    jsonschema.validate(summary, _schema("run-summary.schema.json"))
+    assert summary["mode"] == "incremental" and summary["version"] == 1
+    assert summary["rows_by_outcome"] == {"encoded": 11, "deduplicated": 0, "added": 10,
+                                          "replaced": 1, "skipped": 28, "gone": 3,
+                                          "pruned": 3}
+    assert summary["rows"] == 39 and summary["partitions"]["failed"] == 0
+    shown = CliRunner().invoke(main, ["inspect", str(tmp_path / "j.zarr"), "--json"])
+    assert shown.exit_code == 0, shown.output
+    facts = json.loads(shown.stdout)
+    jsonschema.validate(facts, _schema("inspect.schema.json"))
+    assert facts["version"] == 1 and facts["flagged_gone"] == 0 and facts["rows"] == 39
+    assert [(h["kind"], h["encoded"], h["copied"], h["pruned"]) for h in facts["history"]] == \
+        [("full", 30, 2, 0), ("incremental", 11, 0, 3)]
+
+
+def test_token_views_are_refused_up_front(tmp_path: Path, tiny_bert: Path) -> None:
+    source = tmp_path / "in.parquet"
+    pq.write_table(_reviews().slice(0, 5), source)
+    job = job_dict(source, tiny_bert, tmp_path / "t.zarr",
+                   views={"mean": {"pooling": "mean"}, "tok": {"pooling": "tokens"}})
+    job_file = write_job(tmp_path / "job.yaml", job)
+    for args in (["validate", str(job_file), "--set", "output.incremental=true"],
+                 ["extract", str(job_file), "--incremental"]):
+        refused = CliRunner().invoke(main, args)
+        assert refused.exit_code == 2
+        assert refused.stderr.strip().splitlines() == [
+            f"error: {job_file}: output.incremental: views.tok has pooling: tokens, which "
+            "incremental runs do not support; drop the token view or run the job in full "
+            "(--overwrite)"]
+    assert not (tmp_path / "t.zarr").exists()
+
+
+def test_updated_parquet_store_globs_in_duckdb_and_polars(tmp_path: Path,
+                                                          base_stores: dict[str, Job]) -> None:
+    duckdb = pytest.importorskip("duckdb")
+    pl = pytest.importorskip("polars")
+    job = _base_store(tmp_path, base_stores, "parquet")
+    run_job(job, incremental=True, prune=True)
+    store = pipeline.open_store(job.output.path)
+    con = duckdb.connect()
+    for table, rows in (("docs", BASE_ROWS + NEW_ROWS - DELETED),
+                        ("chunks", int(store.chunks.sizes["chunk"]))):
+        glob = str(Path(job.output.path) / table / "*.parquet")
+        assert con.execute(f"select count(*) from '{glob}'").fetchall() == [(rows,)]
+        assert pl.scan_parquet(glob).select(pl.len()).collect().item() == rows
+    glob = str(Path(job.output.path) / "docs" / "*.parquet")
+    ids = [row[0] for row in con.execute(f"select id from '{glob}'").fetchall()]
+    assert ids == np.asarray(store.docs["id"].values).tolist()
+    assert con.execute(f"select count(*) from '{glob}' where not present").fetchall() == [(0,)]
+
+
+def test_object_store_urls_are_refused_up_front(tmp_path: Path, tiny_bert: Path) -> None:
+    source = tmp_path / "in.parquet"
+    pq.write_table(_reviews().slice(0, 5), source)
+    job_file = write_job(tmp_path / "job.yaml", job_dict(source, tiny_bert, tmp_path / "o.zarr"))
+    refused = CliRunner().invoke(main, ["validate", str(job_file), "--set",
+                                        "output.path=memory://bucket/out.zarr", "--set",
+                                        "output.incremental=true"])
+    assert refused.exit_code == 2
+    assert refused.stderr.strip().splitlines() == [
+        f"error: {job_file}: output.incremental: incremental runs update local or "
+        "shared-filesystem stores only, not object-store URLs; run the job in full "
+        "(--overwrite)"]
