@@ -29,7 +29,7 @@ from ..errors import BertpipeError
 from ..extract.chunking import FRAGMENTED_PIECES, word_pieces
 from ..spec import ModelSpec
 from ..stores.opened import StoreData as Store
-from .rows import read_texts, sample_rows
+from .rows import count_rows, read_texts, sample_rows
 
 COUNT_COLUMNS = ("n_unk", "n_words", "n_fragmented")
 MIN_OCCURRENCES = 2  # a "frequent" word for the top list
@@ -114,11 +114,16 @@ def vocabulary_fit(store: Store, sample: int = 2000, top: int = 10, seed: int = 
                   for c in ("n_tokens", *COUNT_COLUMNS)}
         fit.update(_ratios(totals["n_tokens"], totals["n_unk"], totals["n_words"],
                            totals["n_fragmented"]))
-    rows = sample_rows(np.flatnonzero(ok).tolist(), sample, seed)
-    fit["sample_rows"] = len(rows)
+    fit["sample_rows"] = 0
     try:
         tokenizer = load_tokenizer(store.provenance.job.model)
-        texts = read_texts(store.provenance.job.input, rows)
+        spec = store.provenance.job.input
+        if store.provenance.version == 0:  # the store's rows are the input's, in order
+            rows = sample_rows(np.flatnonzero(ok).tolist(), sample, seed)
+        else:  # an updated store's rows are not in input order: sample the input's own
+            rows = sample_rows(count_rows(spec), sample, seed)
+        fit["sample_rows"] = len(rows)
+        texts = read_texts(spec, rows)
     except (BertpipeError, OSError, ValueError) as exc:
         fit["word_pass"] = f"unavailable: {str(exc).splitlines()[0] if str(exc) else exc!r}"
         return fit
