@@ -664,6 +664,8 @@ def test_secrets_are_never_written(sample: tuple[str, Path], tiny_bert: Path, tm
     assert "INFO" in done.stderr  # the logs were on
     shown = bertpipe("inspect", out, "--json", cwd=work, env=env)
     assert shown.returncode == 0, shown.stderr
+    for run in (done, shown):  # connections closed at exit: no error line in a clean run
+        assert "Unclosed" not in run.stderr and "ERROR" not in run.stderr, run.stderr
     written = {**every_object(out), **every_file(work), **every_file(scratch)}
     assert any(name.endswith(("zarr.json", ".parquet")) for name in written)
     leaks = {name: secrets_in(blob) for name, blob in written.items() if secrets_in(blob)}

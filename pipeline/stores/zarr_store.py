@@ -253,9 +253,13 @@ def _close_at_exit(opened: Any) -> None:
 
     def close() -> None:
         creator = getattr(opened, "_s3creator", None)
-        if creator is not None:
-            with contextlib.suppress(Exception):
-                type(opened).close_session(None, creator)
+        if creator is None:
+            return
+        from zarr.core.sync import sync
+
+        with contextlib.suppress(Exception):
+            # on zarr's event loop, where the session was opened (it still runs at exit)
+            sync(creator.__aexit__(None, None, None), timeout=2)
 
     atexit.register(close)
 
