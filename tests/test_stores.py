@@ -171,3 +171,23 @@ def test_partitions_follow_row_groups_and_files(tmp_path: Path) -> None:
     assert [(Path(p.file).name, p.row_start, p.row_stop) for p in parts] == [
         ("a.parquet", 0, 2), ("a.parquet", 2, 3),
         ("b.parquet", 3, 5), ("b.parquet", 5, 7), ("b.parquet", 7, 8)]
+
+
+@pytest.mark.parametrize("sizes", [[200] * 6, [5, 3, 9, 1, 12], [16], [7], [], [4, 4, 4, 4]])
+def test_zarr_writes_whole_chunks(sizes: list[int]) -> None:
+    """Parts of any sizes regrouped so that every write covers whole chunks (a partial
+    chunk write is a read-modify-write: a GET and a PUT more per part on an object store),
+    the rows unchanged and in order."""
+    import pyarrow as pa
+
+    from pipeline.stores.zarr_store import _chunk_aligned
+
+    rows, start, tables = 8, 0, []
+    for size in sizes:
+        tables.append(pa.table({"x": np.arange(start, start + size)}))
+        start += size
+    blocks = list(_chunk_aligned(iter(tables), rows))
+    assert [b.num_rows % rows for b in blocks[:-1]] == [0] * (len(blocks) - 1)
+    assert all(b.num_rows > 0 for b in blocks)
+    got = np.concatenate([b.column("x").to_numpy() for b in blocks]) if blocks else []
+    np.testing.assert_array_equal(got, np.arange(start))

@@ -99,8 +99,7 @@ def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int
     group = root.require_group(level)
     arrays: dict[str, zarr.Array] = {}
     offset = 0
-    for table in parts:
-        table = columns.conform(table)
+    for table in _chunk_aligned((columns.conform(t) for t in parts), _chunk_rows(n)):
         for name in table.column_names:
             if name == "row":
                 continue
@@ -113,6 +112,31 @@ def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int
                     arrays[name].update_attributes(attributes)
             arrays[name][offset : offset + table.num_rows] = values
         offset += table.num_rows
+
+
+def _chunk_rows(n: int) -> int:
+    """Rows per chunk of a level's arrays of `n` rows (see `_create`)."""
+    return min(ROWS_PER_CHUNK, max(n, 1))
+
+
+def _chunk_aligned(tables: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
+    """The same rows in blocks that start and end on chunk boundaries (the last may end
+    short). Why: a write that covers part of a chunk makes Zarr read the chunk back,
+    merge and write it again; on an object store that is a GET and a PUT per partition
+    and array, where whole chunks need one PUT each. At most a chunk and a part in memory."""
+    pending: list[pa.Table] = []
+    held = 0
+    for table in tables:
+        pending.append(table)
+        held += table.num_rows
+        if held < rows:
+            continue
+        block = pa.concat_tables(pending)
+        whole = held - held % rows
+        yield block.slice(0, whole)
+        pending, held = [block.slice(whole)], held - whole
+    if held:
+        yield pa.concat_tables(pending)
 
 
 def _write_tokens(root: zarr.Group, staging: Staging, layout: Layout) -> None:
@@ -131,7 +155,7 @@ def _create(group: zarr.Group, name: str, sample: np.ndarray, n: int, dim: str) 
     # why NaN: a chunk that is missing must never read as zero vectors
     fill = np.nan if sample.dtype.kind == "f" else None
     return group.create_array(
-        name, shape=shape, dtype=dtype, chunks=(min(ROWS_PER_CHUNK, max(n, 1)), *shape[1:]),
+        name, shape=shape, dtype=dtype, chunks=(_chunk_rows(n), *shape[1:]),
         compressors=None if dtype is str else COMPRESSOR, dimension_names=dims, overwrite=True,
         fill_value=fill,
     )
@@ -365,7 +389,7 @@ class ZarrFormat:
                     if out is None:
                         out = group.create_array(
                             tmp_name, shape=(n, block.shape[1]), dtype=src.dtype,
-                            chunks=(min(ROWS_PER_CHUNK, max(n, 1)), block.shape[1]),
+                            chunks=(_chunk_rows(n), block.shape[1]),
                             compressors=COMPRESSOR, fill_value=np.nan,
                             dimension_names=(src.metadata.dimension_names[0], f"{name}_dim"),
                             overwrite=True)
