@@ -12,7 +12,7 @@ export TRANSFORMERS_VERBOSITY := error
 PEER_VENV  := benchmarks/work/peer-venv
 PEER_MODEL := benchmarks/work/peer-model
 
-.PHONY: install model demo test test-fast lint schemas check-wheel peers bench bench-overlap bench-chunking bench-scaling bench-tokens bench-gpu \
+.PHONY: install model demo test test-fast lint schemas check-wheel peers bench bench-overlap bench-object-store bench-chunking bench-scaling bench-tokens bench-gpu \
         bench-incremental clean
 
 install: $(VENV)/.installed
@@ -75,6 +75,10 @@ bench-incremental: install model
 # whole process against its encoder alone (OpenVINO on the CPU), 10k distinct rows
 bench-overlap: install model
 	$(PY) benchmarks/overlap.py $(OVERLAP_ARGS)
+
+# input and store on an S3 endpoint on loopback (moto) against local disk
+bench-object-store: install model
+	$(PY) benchmarks/object_store.py $(OBJECT_STORE_ARGS)
 
 bench-chunking: install model
 	$(PY) benchmarks/chunking.py
