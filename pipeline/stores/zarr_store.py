@@ -123,9 +123,11 @@ def _chunk_aligned(tables: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
     """The same rows in blocks that start and end on chunk boundaries (the last may end
     short). Why: a write that covers part of a chunk makes Zarr read the chunk back,
     merge and write it again; on an object store that is a GET and a PUT per partition
-    and array, where whole chunks need one PUT each. At most a chunk and a part in memory."""
+    and array, where whole chunks need one PUT each. At most a chunk and a part in memory.
+    Parts with no rows at all still come out as one empty block (its columns make the
+    level's arrays)."""
     pending: list[pa.Table] = []
-    held = 0
+    held, given = 0, False
     for table in tables:
         pending.append(table)
         held += table.num_rows
@@ -134,8 +136,8 @@ def _chunk_aligned(tables: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
         block = pa.concat_tables(pending)
         whole = held - held % rows
         yield block.slice(0, whole)
-        pending, held = [block.slice(whole)], held - whole
-    if held:
+        pending, held, given = [block.slice(whole)], held - whole, True
+    if held or (pending and not given):  # a level of no rows still gets its (empty) arrays
         yield pa.concat_tables(pending)
 
 
