@@ -366,24 +366,18 @@ def test_wrong_credential_is_one_line_and_nothing_is_written(
     pq.write_table(pq.read_table(REVIEWS).slice(0, 8), local)
     s3.put_object(Bucket="auth", Key="in/reviews.parquet", Body=local.read_bytes())
     wrong = "wrong-secret-0123456789abcdef"
-    # the input readable, the store's credential wrong: exit 5, before anything is made
-    job = write_job(tmp_path / "job.yaml", job_dict(
-        "s3://auth/in", tiny_bert, "s3://auth/out.zarr",
-        output={"storage_options": {"key": "${AWS_ACCESS_KEY_ID}", "secret": wrong}}))
-    result = run("extract", job)
-    line = one_error_line(result)
-    assert result.exit_code == 5 and "output.path: s3://auth/out.zarr: access denied" in line
-    assert wrong not in result.output and secret not in result.output
-    listed = s3.list_objects_v2(Bucket="auth").get("Contents", [])
-    assert [o["Key"] for o in listed] == ["in/reviews.parquet"]
-    # the input's credential wrong: exit 3
-    job = write_job(tmp_path / "job.yaml", job_dict(
-        "s3://auth/in", tiny_bert, "s3://auth/out.zarr",
-        input={"storage_options": {"key": "${AWS_ACCESS_KEY_ID}", "secret": wrong}}))
-    result = run("extract", job)
-    line = one_error_line(result)
-    assert result.exit_code == 3 and "input.path: s3://auth/in: access denied" in line
-    assert wrong not in result.output
+    # the store's credential wrong: exit 5; the input's: exit 3; before anything is made
+    for side, url_of_side, code in (("output", "s3://auth/out.zarr", 5),
+                                    ("input", "s3://auth/in", 3)):
+        job = write_job(tmp_path / "job.yaml", job_dict(
+            "s3://auth/in", tiny_bert, "s3://auth/out.zarr",
+            **{side: {"storage_options": {"key": "${AWS_ACCESS_KEY_ID}", "secret": wrong}}}))
+        result = run("extract", job)
+        line = one_error_line(result)
+        assert result.exit_code == code and f"{side}.path: {url_of_side}: access denied" in line
+        assert wrong not in result.output and secret not in result.output
+        listed = s3.list_objects_v2(Bucket="auth").get("Contents", [])
+        assert [o["Key"] for o in listed] == ["in/reviews.parquet"]
 
 
 def test_unreachable_endpoint_is_one_line_exit_8(tmp_path: Path, tiny_bert: Path,
