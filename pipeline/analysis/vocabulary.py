@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import BertpipeError
 from ..extract.chunking import FRAGMENTED_PIECES, word_pieces
-from ..spec import ModelSpec
+from ..extract.model import load_tokenizer
 from ..stores.opened import StoreData as Store
 from .rows import count_rows, read_texts, sample_rows
 
@@ -86,14 +86,6 @@ class WordCounts:
         rows.sort(key=lambda r: (-r[0], r[1]))
         return [{"word": self.surface[key], "pieces": list(key), "count": n}
                 for n, key in rows[:top]]
-
-
-def load_tokenizer(spec: ModelSpec) -> Any:
-    """The store's tokenizer, offline, as extraction loaded it (fast, local files only)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(spec.path, use_fast=True, local_files_only=True,
-                                         trust_remote_code=spec.trust_remote_code)
 
 
 def vocabulary_fit(store: Store, sample: int = 2000, top: int = 10, seed: int = 0

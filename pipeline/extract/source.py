@@ -353,8 +353,9 @@ def find_row(spec: InputSpec, key: Any) -> int:
     if not spec.id_column:
         raise InputError("input.id_column: the job has none, so rows cannot be found by id")
     start = 0
-    for file in list_files(spec.path):
-        ids = plain_array(_open(file).read(columns=[spec.id_column]).column(0))
+    for file in list_files(spec.path, spec.storage_options):
+        ids = plain_array(_open(file, spec.storage_options).read(columns=[spec.id_column])
+                          .column(0))
         try:
             at = pc.index(ids, pa.scalar(key, ids.type)).as_py()
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
