@@ -57,3 +57,10 @@ class EndpointError(BertpipeError):
     refused, name not resolved, timeout); nothing was written."""
 
     exit_code = 8
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line (its class name when it says nothing): library errors
+    often run to several lines, a message here is one."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

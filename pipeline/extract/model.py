@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ModelError
+from ..errors import ModelError, first_line
 from ..fileutil import sha256_file
 from ..spec import ModelSpec
 from .families import (
@@ -104,7 +104,7 @@ def load_config(spec: ModelSpec) -> Any:
         return AutoConfig.from_pretrained(spec.path, local_files_only=True,
                                           trust_remote_code=spec.trust_remote_code)
     except (OSError, ValueError, HFValidationError) as exc:
-        raise ModelError(f"model.path: cannot load {spec.path!r} offline: {_first_line(exc)}"
+        raise ModelError(f"model.path: cannot load {spec.path!r} offline: {first_line(exc)}"
                          ) from None
 
 
@@ -118,7 +118,7 @@ def load_tokenizer(spec: ModelSpec) -> Any:
                                                   trust_remote_code=spec.trust_remote_code)
     except (OSError, ValueError, TypeError) as exc:
         raise ModelError(f"model.path: cannot load the tokenizer of {spec.path!r} offline: "
-                         f"{_first_line(exc)}") from None
+                         f"{first_line(exc)}") from None
     if not getattr(tokenizer, "is_fast", False):
         raise ModelError(f"model.path: {spec.path!r} has no fast tokenizer (tokenizer.json)")
     return tokenizer
@@ -181,7 +181,7 @@ def load_weights(spec: ModelSpec) -> tuple[torch.nn.Module, set[str]]:
         # anything (UnpicklingError, IndexError, EOFError, ...): all mean unusable weights
         hint = "" if spec.allow_pickle else " (safetensors only unless model.allow_pickle: true)"
         raise ModelError(f"model.path: cannot load weights of {spec.path!r}{hint}: "
-                         f"{_first_line(exc)}") from None
+                         f"{first_line(exc)}") from None
     missing = set(info.get("missing_keys", ()))
     absent = sorted(k for k in missing if not k.startswith("pooler."))
     mismatched = sorted(str(k[0] if isinstance(k, tuple) else k)
@@ -264,7 +264,3 @@ def max_positions_of(config: Any, tokenizer: Any) -> int:
         limit = tok_limit
     return limit
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

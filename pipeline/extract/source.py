@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..errors import InputError
+from ..errors import InputError, first_line
 from ..spec import InputSpec
 from ..stores.fs import Location, is_url, normalize_url, resolve, storage_errors
 from ..stores.provenance import InputFile
@@ -311,7 +311,7 @@ def read_partition(spec: InputSpec, part: Partition) -> PartitionRows:
         last = part.file_offset + part.n_rows - 1
         raise InputError(f"input.path: {part.file} cannot be read at rows {part.file_offset}-"
                          f"{last} (row groups {groups[0]}-{groups[-1]}): "
-                         f"{_first_line(exc)}") from None
+                         f"{first_line(exc)}") from None
     table = table.slice(part.file_offset - first_row, part.n_rows)
     if spec.id_column:
         ids = plain_array(table.column(spec.id_column))
@@ -384,14 +384,10 @@ def _open(file: str, options: Options = None) -> pq.ParquetFile:
             return pq.ParquetFile(_binary(file, options) if is_url(file) else file)
     except (OSError, pa.ArrowException) as exc:
         raise InputError(f"input.path: {file} is not a readable Parquet file "
-                         f"({_first_line(exc)})") from None
+                         f"({first_line(exc)})") from None
 
 
 def open_input(file: str, options: Options = None) -> pq.ParquetFile:
     """An input file (local or remote) as a ParquetFile; InputError when unreadable."""
     return _open(file, options)
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -26,7 +26,7 @@ from typing import Any, cast
 
 from distributed import WorkerPlugin
 
-from ..errors import BertpipeError, JobError, SchedulerError
+from ..errors import BertpipeError, JobError, SchedulerError, first_line
 from ..extract.partition import Extractor
 from ..extract.source import Partition
 from ..spec import Job
@@ -170,7 +170,7 @@ class DaskExecutor:
             except OSError as exc:  # CommClosedError included: the scheduler went away
                 raise SchedulerError(
                     f"execution.scheduler: lost the connection to the Dask scheduler at "
-                    f"{self.scheduler} ({_first_line(exc)}); finished partitions are kept, "
+                    f"{self.scheduler} ({first_line(exc)}); finished partitions are kept, "
                     "rerun to resume") from None
 
     def _run(self, client: Any, torch_threads: int | None, job: Job,
@@ -265,10 +265,10 @@ def connect(address: str) -> Any:
     error = box.get("error")
     if isinstance(error, ValueError):
         raise JobError(f"execution.scheduler: {address!r} is not a scheduler address "
-                       f"({_first_line(error)})")
+                       f"({first_line(error)})")
     if isinstance(error, (OSError, TimeoutError)):
         raise SchedulerError(f"execution.scheduler: cannot reach the Dask scheduler at {address} "
-                             f"({_first_line(error)})")
+                             f"({first_line(error)})")
     if error is not None:
         raise error
     return box["client"]
@@ -286,7 +286,7 @@ def _probe(address: str, seconds: float) -> None:
         host, port = parse_host_port(location)
     except ValueError as exc:
         raise JobError(f"execution.scheduler: {address!r} is not a scheduler address "
-                       f"({_first_line(exc)})") from None
+                       f"({first_line(exc)})") from None
     try:
         socket.create_connection((host, port), timeout=seconds).close()
     except OSError as exc:
@@ -296,9 +296,6 @@ def _probe(address: str, seconds: float) -> None:
         raise SchedulerError(f"execution.scheduler: cannot reach the Dask scheduler at "
                              f"{address} ({reason})") from None
 
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _local_shape(job: Job, workers: int | None, threads: int | None) -> tuple[int, int]:

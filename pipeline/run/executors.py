@@ -1,10 +1,10 @@
 """Executors run partitions and report each one's marker or failure.
 
-`run_partition` is the unit of work (one partition, encoded and staged); an executor
-decides where it runs. Encoding and staging are two steps (`encode_partition`,
-`stage_partition`) so that an executor can write one partition to the store while it
-encodes the next: an object store's uploads then overlap the model's work. The Dask
-executor lives in `dask_executor` (slow to import).
+The unit of work is one partition, encoded and staged; an executor decides where it
+runs. Encoding and staging are two steps (`encode_partition`, `stage_partition`) so that
+an executor can write one partition to the store while it encodes the next: an object
+store's uploads then overlap the model's work. The Dask executor lives in
+`dask_executor` (slow to import).
 """
 
 from __future__ import annotations
@@ -82,12 +82,6 @@ def encode_partition(extractor: Extractor, part: Partition, fingerprint: str,
 def stage_partition(staging: Staging, encoded: Encoded) -> dict[str, Any]:
     """Write an encoded partition's parts, then its marker, into the store."""
     return staging.write_part(encoded.part.index, encoded.tables, encoded.marker)
-
-
-def run_partition(extractor: Extractor, staging: Staging, part: Partition,
-                  fingerprint: str) -> dict[str, Any]:
-    """Encode one partition and leave its parts and marker in the store."""
-    return stage_partition(staging, encode_partition(extractor, part, fingerprint))
 
 
 def failure_reason(exc: BaseException) -> str:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from ..errors import BertpipeError, EndpointError, JobError
+from ..errors import BertpipeError, EndpointError, JobError, first_line
 from ..spec import OPTION_REFERENCE, REDACTED
 
 # Defaults per protocol, under the environment and the job. Why these for S3: botocore
@@ -365,10 +365,10 @@ def filesystem(protocol: str, options: Mapping[str, Any]) -> Any:
                 fs = fsspec.filesystem(protocol, skip_instance_cache=True, **options)
             except ImportError as exc:
                 raise JobError(f"{protocol}:// needs an fsspec implementation that is not "
-                               f"installed ({_first_line(exc)}); for S3: pip install "
+                               f"installed ({first_line(exc)}); for S3: pip install "
                                "'bertpipe[s3]'") from None
             except ValueError as exc:
-                raise JobError(f"{protocol}://: unknown protocol ({_first_line(exc)})") from None
+                raise JobError(f"{protocol}://: unknown protocol ({first_line(exc)})") from None
             _filesystems[cache_key] = fs
         return fs
 
@@ -474,7 +474,7 @@ def storage_failure(exc: BaseException, url: str, key: str,
     `exc` is something else): unreachable -> EndpointError (retry later), refused
     credentials -> `error` (fix the job's credentials)."""
     names = {cls.__name__ for cls in type(exc).__mro__}
-    reason = scrub(_first_line(exc))
+    reason = scrub(first_line(exc))
     if names & set(CONNECT_ERRORS) or isinstance(exc, (ConnectionError, TimeoutError)):
         return EndpointError(f"{key}: cannot reach the store at {url} ({reason}); nothing was "
                              "written: check the endpoint and the network, then rerun")
@@ -512,7 +512,3 @@ def check_reachable(location: Location, key: str, error: type[BertpipeError]) ->
     with storage_errors(location.url, key, error):
         location.info()  # S3: a HEAD and a prefix listing, each refused without credentials
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
