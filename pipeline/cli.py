@@ -268,8 +268,11 @@ def unlock(store_path: str) -> None:
     Example:
       bertpipe unlock out/reviews.zarr
     """
+    from .stores.fs import resolve
     from .stores.lock import StoreLock
 
+    if not resolve(store_path).exists():  # a mistyped path must not read as "not locked"
+        raise StoreError(f"{store_path}: no such store")
     lock = StoreLock(store_path if "://" in store_path else os.path.realpath(store_path))
     holder = lock.holder()
     if holder is None:

@@ -494,6 +494,50 @@ ROWS = [
         "pipeline.analysis.index", fromlist=["build_index"]).build_index(
         pipeline.open_store(w.stores["zarr"]), "mean", nprobe=0)), 2,
         "--nprobe: 0; scan at least 1 list"),
+    # ---- keys and options added with runtimes, object stores, incremental runs ----------
+    Row("model.runtime not a runtime", _cli("validate", _job(_set("model.runtime", "onnx"))),
+        2, "model.runtime: 'onnx' is not one of"),
+    Row("input.storage_options not a mapping", _cli("validate", _job(_set(
+        "input.storage_options", "key=x"))), 2,
+        "input.storage_options: 'key=x' is not of type 'object'"),
+    Row("input.storage_options on a local path", _cli("validate", _job(_set(
+        "input.storage_options", {"key": "k"}))), 2,
+        "input.storage_options: only used with a URL input.path"),
+    Row("output.storage_options not a mapping", _cli("validate", _job(_set(
+        "output.storage_options", ["k"]))), 2,
+        "output.storage_options: ['k'] is not of type 'object'"),
+    Row("output.incremental not a boolean", _cli("validate", _job(_set(
+        "output.incremental", "y"))), 2, "output.incremental: 'y' is not of type 'boolean'"),
+    Row("output.incremental without an id column", _cli("validate", _job(lambda raw: (
+        _drop("input.id_column")(raw), _set("output.incremental", True)(raw)))), 2,
+        "output.incremental: needs input.id_column"),
+    Row("output.incremental with a token view", _cli("validate", _job(lambda raw: (
+        _views(t={"pooling": "tokens"})(raw), _set("output.incremental", True)(raw)))), 2,
+        "output.incremental"),
+    Row("output.incremental with output.overwrite", _cli("validate", _job(lambda raw: (
+        _set("output.overwrite", True)(raw), _set("output.incremental", True)(raw)))), 2,
+        "output.incremental"),
+    Row("view named like the text digest column", _cli("validate", _job(_views(
+        text_sha256={"pooling": "mean"}))), 2, "'text_sha256' is a field the store writes"),
+    Row("carried column named present", _cli("validate", _job(_set(
+        "input.carry_columns", ["present"]))), 2, "'present' is a field the store writes"),
+    Row("extract --prune without --incremental", _cli("extract", _job(), "--prune"), 2,
+        "--prune"),
+    Row("extract --json-summary a folder", _cli("extract", _job(), "--json-summary",
+                                                lambda w: str(w.tmp)), 2, "is a directory"),
+    Row("probe --curve-repeats not a number", _cli("probe", ZARR, "--label", "label",
+                                                   "--learning-curve", "--curve-repeats",
+                                                   "x"), 2, "'x' is not a valid integer"),
+    Row("attention without --out", _cli("attention", _job(), "--id", "r0"), 2,
+        "Missing option '--out'"),
+    Row("attention --heads out of range", _cli("attention", _job(), "--id", "r0", "--heads",
+                                               "99", "--out", lambda w: str(w.tmp / "a")), 2,
+        "--heads: 99 is out of range"),
+    Row("inspect --against a missing store", _cli("inspect", ZARR, "--against",
+                                                  lambda w: str(w.tmp / "none.zarr")), 5,
+        "none.zarr"),
+    Row("unlock a path that is no store", _cli("unlock", lambda w: str(w.tmp / "none.zarr")),
+        5, "none.zarr: no such store"),
     # ---- a store that never finished (item 7) ------------------------------------------
     Row("api: open_store(require_complete=False) on a store that never committed",
         _api(_staged_only), 5, "store is incomplete and has no provenance yet",
