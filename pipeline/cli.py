@@ -486,12 +486,10 @@ def _beside(store_path: str, suffix: str) -> str:
 
 
 def _int_list(text: str, option: str) -> list[int]:
-    from .analysis.probe import ProbeError
-
     try:
         return [int(v) for v in text.split(",")]
     except ValueError:
-        raise ProbeError(f"{option}: {text!r} is not a comma-separated list of integers "
+        raise OptionError(f"{option}: {text!r} is not a comma-separated list of integers "
                          "(e.g. 50,100,200)") from None
 
 

@@ -197,10 +197,10 @@ def test_learning_curve_bad_sizes(store: pipeline.Store) -> None:
     assert result.exit_code == 3 and "--curve-sizes: 4 rows is too few" in result.stderr
     result = CliRunner().invoke(main, ["probe", store.path, "--label", "label",
                                        "--learning-curve", "--curve-sizes", "a,b"])
-    assert result.exit_code == 3 and "not a comma-separated list" in result.stderr
+    assert result.exit_code == 2 and "not a comma-separated list" in result.stderr
     result = CliRunner().invoke(main, ["probe", store.path, "--label", "label",
                                        "--learning-curve", "--curve-repeats", "0"])
-    assert result.exit_code == 3 and "--curve-repeats: 0 must be at least 1" in result.stderr
+    assert result.exit_code == 2 and "--curve-repeats: 0 must be at least 1" in result.stderr
 
 
 def test_probe_html_renders_in_headless_chromium_without_console_errors(

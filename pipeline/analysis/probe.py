@@ -378,7 +378,7 @@ def _check_curve_options(sizes: Sequence[int] | None, repeats: int, minimum: int
         raise ProbeError(f"--curve-sizes: {small[0]} rows is too few; the smallest size is "
                          f"{minimum} ({MIN_PER_CLASS} per class)")
     if repeats < 1:
-        raise ProbeError(f"--curve-repeats: {repeats} must be at least 1")
+        raise OptionError(f"--curve-repeats: {repeats} must be at least 1")
 
 
 def curve_sizes(n_max: int, requested: Sequence[int] | None, minimum: int) -> list[int]:

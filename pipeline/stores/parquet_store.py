@@ -70,14 +70,16 @@ def _write(file: Location, parts: Iterator[pa.Table], provenance: dict[str, Any]
     with file.writer() as out:
         writer: pq.ParquetWriter | None = None
         pending: list[pa.Table] = []
+        held = 0
         try:
             for table in parts:
                 if writer is None:
                     writer = _writer(out, table.schema, provenance)
                 pending.append(table)
-                if sum(t.num_rows for t in pending) >= ROW_GROUP_ROWS:
+                held += table.num_rows
+                if held >= ROW_GROUP_ROWS:
                     writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
-                    pending = []
+                    pending, held = [], 0
             if writer is not None and pending:
                 writer.write_table(pa.concat_tables(pending), row_group_size=ROW_GROUP_ROWS)
         finally:
