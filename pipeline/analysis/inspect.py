@@ -71,6 +71,8 @@ def _history_lines(store: Store) -> list[str]:
                      f"{what}; encoded {run.encoded} ({run.copied} copied), {run.tokens} "
                      f"tokens, {run.wall_s:.1f}s; input {run.input_rows} rows in "
                      f"{run.input_files} file{'s' * (run.input_files != 1)}")
+        if run.took_over_lock:
+            lines.append(f"{' ' * 11}  took over {run.took_over_lock}")
     return lines
 
 

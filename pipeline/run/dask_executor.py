@@ -31,6 +31,7 @@ from ..extract.partition import Extractor
 from ..extract.source import Partition
 from ..spec import Job
 from ..stores import Staging
+from ..stores.lock import Fence, LockLostError
 from ..stores.fs import register_options
 from .executors import (
     Encoded,
@@ -80,7 +81,8 @@ class ExtractorPlugin(WorkerPlugin):
         if self.encoder is not None:
             self.encoder.shutdown(wait=False)
 
-    def run(self, part: Partition, store_path: str, fingerprint: str) -> dict[str, Any]:
+    def run(self, part: Partition, store_path: str, fingerprint: str, fence: Fence | None
+            ) -> dict[str, Any]:
         """{"marker": ...}, or {"setup_error": exc} when the model cannot serve the job, or
         {"error": exc} when this partition cannot be done (see the module docstring)."""
         from distributed import get_worker, secede
@@ -102,7 +104,7 @@ class ExtractorPlugin(WorkerPlugin):
         with self.writing:  # the previous partition's write first: one in flight
             secede()  # this task leaves the pool: the next partition starts encoding
             try:
-                return {"marker": stage_partition(Staging(store_path), encoded)}
+                return {"marker": stage_partition(Staging(store_path, fence=fence), encoded)}
             except BertpipeError as exc:
                 return {"error": exc}
 
@@ -129,12 +131,12 @@ class _ModelUnusable(Exception):
         self.error = error
 
 
-def _partition_task(part: Partition, store_path: str, fingerprint: str, plugin: str
-                    ) -> dict[str, Any]:
+def _partition_task(part: Partition, store_path: str, fingerprint: str, plugin: str,
+                    fence: Fence | None) -> dict[str, Any]:
     from distributed import get_worker
 
     state = cast(ExtractorPlugin, get_worker().plugins[plugin])
-    return state.run(part, store_path, fingerprint)
+    return state.run(part, store_path, fingerprint, fence)
 
 
 class DaskExecutor:
@@ -166,7 +168,8 @@ class DaskExecutor:
             return []
         with self._client(job) as (client, torch_threads):
             try:
-                return self._run(client, torch_threads, job, parts, fingerprint, on_done)
+                return self._run(client, torch_threads, job, parts, fingerprint, on_done,
+                                 staging.fence)
             except OSError as exc:  # CommClosedError included: the scheduler went away
                 raise SchedulerError(
                     f"execution.scheduler: lost the connection to the Dask scheduler at "
@@ -174,7 +177,8 @@ class DaskExecutor:
                     "rerun to resume") from None
 
     def _run(self, client: Any, torch_threads: int | None, job: Job,
-             parts: Sequence[Partition], fingerprint: str, on_done: OnDone) -> Failures:
+             parts: Sequence[Partition], fingerprint: str, on_done: OnDone,
+             fence: Fence | None) -> Failures:
         from distributed import as_completed
 
         self.dashboard = getattr(client, "dashboard_link", None)
@@ -194,7 +198,7 @@ class DaskExecutor:
             client.subscribe_topic(PROGRESS_TOPIC, show)
         resources = {"GPU": 1} if _wants_gpu(client, job) else None
         futures = {
-            client.submit(_partition_task, part, job.output.path, fingerprint, name,
+            client.submit(_partition_task, part, job.output.path, fingerprint, name, fence,
                           key=f"{name}-part-{part.index}", retries=job.execution.retries,
                           resources=resources, pure=False): part
             for part in parts
@@ -210,6 +214,9 @@ class DaskExecutor:
             if "setup_error" in outcome:  # would fail every partition: as in-process
                 client.cancel(list(futures))
                 raise outcome["setup_error"]
+            if isinstance(outcome.get("error"), LockLostError):
+                client.cancel(list(futures))  # another run holds the store now: stop
+                raise outcome["error"]
             if "error" in outcome:
                 failures.append((part, failure_reason(outcome["error"])))
                 continue

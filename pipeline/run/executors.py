@@ -23,6 +23,7 @@ from ..extract.partition import Extractor
 from ..extract.source import Partition
 from ..spec import Job
 from ..stores import Staging
+from ..stores.lock import LockLostError
 from ..stores.fs import scrub
 
 # on_done(partition, marker) once per finished partition: progress and bookkeeping.
@@ -122,6 +123,8 @@ class InProcessExecutor:
             part, future = writing
             try:
                 marker = future.result()
+            except LockLostError:
+                raise  # another run holds the store now: stop, write nothing more
             except Exception as exc:  # noqa: BLE001 - reported per partition, as Dask does
                 failures.append((part, failure_reason(exc)))
                 return

@@ -39,6 +39,7 @@ from ..extract.source import Partition, input_identity, plan_partitions
 from ..post.apply import load_transform
 from ..spec import InputSpec, Job
 from ..stores import Staging, format_named
+from ..stores.lock import Fence
 from ..stores.opened import StoreData, open_store_data
 from ..stores.ownership import inspect_output
 from ..stores.provenance import (
@@ -84,7 +85,7 @@ def run_incremental(job: Job, executor: Executor, on_done: OnDone | None,
     plan = preflight(job)
     run = _Run(job, input_identity(job.input), model_fingerprint(job.model.path), started)
     check_output_location(job, job_file)
-    output = OutputSession(job.output.path, run.fingerprint)
+    output = OutputSession(job.output.path, run.fingerprint, say)
     output.refuse_if_locked()
     opened = _complete_store(job, say)
     if opened is None:
@@ -105,7 +106,8 @@ def run_incremental(job: Job, executor: Executor, on_done: OnDone | None,
         say(f"incremental: {changes.added} new, {changes.replaced} changed, "
             f"{changes.unchanged} unchanged, {changes.gone} gone; {changes.encoded} texts "
             f"to encode ({changes.copied} rows copy an identical text)")
-        staging, delta_job, parts, delta_fp = _stage_delta(run, store, changes)
+        staging, delta_job, parts, delta_fp = _stage_delta(run, store, changes,
+                                                           output.lock.fence())
         done = {i: m for i, m in staging.done(delta_fp).items() if reusable(m, parts)}
         pending = [p for p in parts if p.index not in done]
         summary.partitions = len(parts)
@@ -114,6 +116,7 @@ def run_incremental(job: Job, executor: Executor, on_done: OnDone | None,
             on_plan(parts, pending)
         failures = executor.run(delta_job, pending, staging, delta_fp,
                                 collect(done, on_done, summary))
+        output.confirm("commit")  # fencing: a run taken over while paused stops here
         summary.run = len(pending) - len(failures)
         if failures:
             part, reason = failures[0]
@@ -124,7 +127,8 @@ def run_incremental(job: Job, executor: Executor, on_done: OnDone | None,
                                  f"is unchanged (version {current.version}); first: "
                                  f"partition {part.index}: {reason}")
         markers = [done[p.index] for p in parts]
-        provenance = _commit(run, store, changes, staging, parts, markers, plan.budget)
+        provenance = _commit(run, store, changes, staging, parts, markers, plan.budget,
+                             output.took_over)
     return _summarised(summary, provenance, changes, markers, started)
 
 
@@ -194,15 +198,16 @@ def _clear_published(output: OutputSession, current: Provenance) -> None:
             run.get("base_version", -1) >= current.version:
         return
     with output:
+        output.confirm("clear the staging area")
         staging.remove()
 
 
-def _stage_delta(run: _Run, store: StoreData, changes: Changes
+def _stage_delta(run: _Run, store: StoreData, changes: Changes, fence: Fence | None
                  ) -> tuple[Staging, Job, list[Partition], str]:
     """The staging area holding the delta table: reused when an interrupted run left the
     same delta on the same version, else started afresh."""
     job, fingerprint = run.job, run.fingerprint
-    staging = Staging(store.path)
+    staging = Staging(store.path, fence=fence)
     delta_file = Path(staging.root.path) / DELTA_FILE  # incremental runs are local only
     partition_rows = job.execution.partition_rows
     key = hashlib.sha256(json.dumps({
@@ -233,10 +238,12 @@ def _write_delta(file: Path, changes: Changes, partition_rows: int) -> None:
 
 
 def _commit(run: _Run, store: StoreData, changes: Changes, staging: Staging,
-            parts: list[Partition], markers: list[dict[str, Any]], budget: int) -> Provenance:
+            parts: list[Partition], markers: list[dict[str, Any]], budget: int,
+            took_over_lock: str) -> Provenance:
     """Assemble and write the new version beside the current one, then publish it."""
     job = run.job
     fmt, path, current = store.fmt, store.path, store.provenance
+    staging.confirm("commit")
     fmt.drop_retired(path)  # versions before the current one: their readers had a run's time
     version = current.version + 1
     has_chunks = "chunks" in job.output.levels
@@ -252,9 +259,11 @@ def _commit(run: _Run, store: StoreData, changes: Changes, staging: Staging,
                                       store.views, derived), assembled, budget)
     # fitted parameters never change in an update: new rows get the store's transform
     params = {name: fmt.read_params(path, name) for name in current.post}
+    staging.confirm("write the new version")
     fmt.write_version(path, version, assembled, layout, params)
-    record = _record(run, version, changes, markers)
+    record = replace(_record(run, version, changes, markers), took_over_lock=took_over_lock)
     provenance = _provenance(run, current, markers, record, stats, version)
+    staging.confirm("publish the new version")
     fmt.publish(path, version, provenance.to_dict())
     staging.remove()
     return provenance

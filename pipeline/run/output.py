@@ -15,6 +15,7 @@ import fnmatch
 import logging
 import os
 from dataclasses import asdict, dataclass
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import Any
@@ -190,18 +191,30 @@ class OutputSession:
     removed; a store that existed before is never removed). On an object store there are no
     folders to make or remove: only the store's own keys are written and removed."""
 
-    def __init__(self, path: str | Path, fingerprint: str):
+    def __init__(self, path: str | Path, fingerprint: str,
+                 say: Callable[[str], None] = log.warning):
         self.location: Location = resolve(path)
         self.path = Path(self.location.path) if self.location.local else None
         self.fingerprint = fingerprint
-        self.lock = StoreLock(self.location)
+        self.lock = StoreLock(self.location, say)
         self.made_dirs: list[Path] = []  # local folders this run created, deepest first
         self.made_store = False  # the store's entries are this run's (set by `prepare`)
 
     def refuse_if_locked(self) -> None:
-        """Name the holder of the lock, if any, before anything else is said or done."""
-        if self.lock.holder() is not None:
-            raise StoreError(self.lock.refusal())
+        """Name the holder of a live lock before anything else is said or done (a dead
+        holder's lock is taken over, a suspect one's waited on, when the run takes it)."""
+        state = self.lock.state()
+        if state.kind in ("live", "unknown"):
+            raise StoreError(self.lock.refusal(state))
+
+    @property
+    def took_over(self) -> str:
+        """Whose lock this run took over, and why ("" when it found none)."""
+        return self.lock.took_over
+
+    def confirm(self, action: str) -> None:
+        """Fencing: raise StoreError unless this run still holds the store's lock."""
+        self.lock.confirm(action)
 
     def __enter__(self) -> OutputSession:
         self.refuse_if_locked()
@@ -217,7 +230,8 @@ class OutputSession:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        undo = exc is not None and self.made_store and not Staging(self.location).markers()
+        undo = exc is not None and self.made_store and not Staging(self.location).markers() \
+            and self._still_held()
         try:
             if undo:
                 remove_store(inspect_output(self.location))
@@ -226,14 +240,23 @@ class OutputSession:
             if undo or (exc is not None and not self.made_store):
                 self._remove_made_dirs()
 
+    def _still_held(self) -> bool:
+        """This run still holds the lock: only then may it undo what it made."""
+        try:
+            self.lock.confirm("remove what it made")
+        except StoreError:
+            return False
+        return True
+
     def prepare(self, job: Job, plan: Plan, overwrite: bool) -> Staging | None:
         """Staging for this run (a new, replaced or resumed store), or None when the store is
         already complete for this job and input."""
         action, contents = assess(job, plan, overwrite)
-        staging = Staging(self.location)
+        staging = Staging(self.location, fence=self.lock.fence())
         if action == "complete":
             return None
         if action == "replace":
+            self.confirm("replace the store")
             remove_store(contents)
             if contents.foreign:
                 log.warning("%s: kept entries that are not the store's: %s", self.location,

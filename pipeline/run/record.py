@@ -183,7 +183,8 @@ def encoded_rows(markers: Sequence[dict[str, Any]]) -> int:
 
 
 def full_run_record(started: str, markers: Sequence[dict[str, Any]],
-                    identity: Sequence[InputFile], wall_s: float) -> RunRecord:
+                    identity: Sequence[InputFile], wall_s: float,
+                    took_over_lock: str = "") -> RunRecord:
     """The history entry of a full run: every input row added."""
     rows = sum(m["rows"][1] - m["rows"][0] for m in markers)
     encoded = encoded_rows(markers)
@@ -192,4 +193,4 @@ def full_run_record(started: str, markers: Sequence[dict[str, Any]],
         input_rows=sum(f.rows for f in identity), input_sha256=identity_sha256(identity),
         rows=rows, added=rows, replaced=0, unchanged=0, gone=0, pruned=0, encoded=encoded,
         copied=rows - encoded, tokens=sum(int(m["n_encoded"]) for m in markers),
-        wall_s=round(wall_s, 3))
+        wall_s=round(wall_s, 3), took_over_lock=took_over_lock)

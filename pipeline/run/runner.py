@@ -81,16 +81,16 @@ def _run_job(job: Job, executor: Executor | None, on_done: OnDone | None, overwr
                                   job_file, prune, say, summary)
         if updated is not None:
             return updated
-        return full_run(job, executor, on_done, False, on_plan, job_file, summary)
+        return full_run(job, executor, on_done, False, on_plan, job_file, summary, say)
     if prune:
         raise JobError("--prune: only with --incremental (or output.incremental: true)")
-    return full_run(job, executor, on_done, overwrite, on_plan, job_file, summary)
+    return full_run(job, executor, on_done, overwrite, on_plan, job_file, summary, say)
 
 
 def full_run(job: Job, executor: Executor | None = None, on_done: OnDone | None = None,
              overwrite: bool = False, on_plan: OnPlan | None = None,
-             job_file: str | Path | None = None, summary: RunSummary | None = None
-             ) -> RunSummary:
+             job_file: str | Path | None = None, summary: RunSummary | None = None,
+             say: Callable[[str], None] = log.info) -> RunSummary:
     """A run over the whole input into a new, replaced or resumed store."""
     started = time.perf_counter()
     started_at = now_iso()
@@ -105,7 +105,7 @@ def full_run(job: Job, executor: Executor | None = None, on_done: OnDone | None 
     check_reachable(resolve(job.output.path), "output.path", StoreError)
     plan = Plan(fingerprint, identity, job.execution.partition_rows)
     overwrite = overwrite or job.output.overwrite
-    output = OutputSession(job.output.path, fingerprint)
+    output = OutputSession(job.output.path, fingerprint, say)
     output.refuse_if_locked()
     summary = summary or RunSummary(job.output.path)
     summary.partitions = len(parts)
@@ -127,6 +127,7 @@ def full_run(job: Job, executor: Executor | None = None, on_done: OnDone | None 
             on_plan(parts, pending)
         failures = executor.run(job, pending, staging, fingerprint,
                                 collect(done, on_done, summary))
+        output.confirm("commit")  # fencing: a run taken over while paused stops here
         summary.wall_s = time.perf_counter() - started
         summary.run = len(pending) - len(failures)
         summary.failed = [f"partition {p.index} (rows {p.row_start}-{p.row_stop - 1}; "
@@ -136,7 +137,8 @@ def full_run(job: Job, executor: Executor | None = None, on_done: OnDone | None 
             raise PartitionError(f"{len(failures)} of {len(parts)} partitions failed, the "
                                  f"others are kept for a rerun; first: {summary.failed[0]}")
         markers = [done[p.index] for p in parts]
-        record = full_run_record(started_at, markers, identity, time.perf_counter() - started)
+        record = full_run_record(started_at, markers, identity, time.perf_counter() - started,
+                                 output.took_over)
         commit_store(job, staging, parts, markers, model, fingerprint, identity, record)
     summary.rows = summary.added = parts[-1].row_stop
     summary.chunks = sum(m["n_chunks"] for m in markers)
@@ -163,17 +165,21 @@ def commit_store(job: Job, staging: Staging, parts: Sequence[Partition],
                          input_identity=identity, history=(record,) if record else ())
     fmt = format_named(job.output.format)
     path = job.output.path
+    staging.confirm("commit")
     fmt.commit(path, staging, layout, provenance.to_dict())
     post_views = [v for v in job.views if v.post is not None]
     if post_views:
         docs, _ = fmt.open_datasets(path)
         for view in post_views:
             assert view.post is not None  # narrowed by the filter above
+            staging.confirm(f"fit the post-processed view {view.name}")
             provenance = fit_view(fmt, path, docs, layout.has_chunks, provenance, view.name,
                                   view.name, view.post)
     # why last: a reader that sees `complete` sees every array and post view
+    staging.confirm("mark the store complete")
     fmt.update_provenance(path, replace(provenance, complete=True).to_dict())
     staging.remove()
+
 
 
 def executor_for(job: Job, say: Callable[[str], None] = log.info,

@@ -1,26 +1,52 @@
-"""One writer at a time: a lock file created atomically inside the store.
+"""One writer at a time: a leased lock file created atomically inside the store.
 
-`<store>/_bertpipe.lock` holds who took it (host, pid, start time, job fingerprint). It is
+`<store>/_bertpipe.lock` holds who took it (host, pid, process start time, job fingerprint),
+a random `token` naming this acquisition and a `generation` counting take-overs. It is
 created only if absent and whole: locally a hard link of a fully written temporary file,
 on an object store a conditional PUT (`If-None-Match: *` on S3, which fails with 412 when
-the key exists), so a reader never sees it half written and two runs never both hold it;
-`acquire` and `release` are all a run needs. While held it is refreshed every
-`HEARTBEAT_S` (locally its modification time, on an object store its `refreshed_unix`
-field, rewritten by the holder after checking the token is still its own), so a run of any
-length keeps it fresh. A lock is never taken over automatically: one whose holder is dead
-(on this host), or that was not refreshed for `STALE_AFTER_S` (any host), is reported with
-the command that clears it (`bertpipe unlock STORE`).
+the key exists), so a reader never sees it half written and two runs never both hold it.
+
+The lock is a lease. Its holder refreshes it every `refresh_s` seconds (locally its
+modification time, on an object store its `refreshed_unix` field, rewritten after checking
+the token is still its own); `refresh_s` is written in the record, so every reader judges
+a lock by its holder's own interval. A lock is taken over by the next run, which logs it
+and records it in the store's history, when its holder is provably gone:
+
+- same host, and the holder's pid is gone or now names another process (its start time
+  differs: a reused pid does not fool it), or
+- any host, local disk or object store: the lease expired, `LEASE_BEATS` refresh intervals
+  without a refresh (a holder killed on another node, or paused: SIGSTOP, a frozen VM).
+
+A lock that has missed `SUSPECT_BEATS` refreshes is waited on until its lease ends (at
+most `(LEASE_BEATS - SUSPECT_BEATS) * refresh_s`), so a retry that starts soon after its
+predecessor died still resumes on its own. A live lock is never taken over. Two runs that
+find the same dead lock race through a claim file created if absent (`_bertpipe.lock.
+takeover-<token>`): exactly one of them replaces the lock.
+
+Fencing: a holder that was paused past its lease and wakes up must not write or delete
+anything. Every step that publishes (a staged part, the commit, removing a store) first
+checks that the lock still carries its token (`Fence.check`, `StoreLock.confirm`) and
+refuses otherwise (exit 5); the holder's refresher stops touching a lock that is no longer
+its own. What cannot be proven (an unreadable lock, a fresh lock of another host) is
+reported with the command that clears it, `bertpipe unlock STORE`.
+
+Hosts sharing a store must keep their clocks within a small fraction of the lease (NTP):
+the age of an object-store lock is read from the time its holder wrote into it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import logging
 import os
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,48 +54,133 @@ from typing import Any
 from ..errors import StoreError
 from .fs import Location, resolve
 
+log = logging.getLogger(__name__)
+
 LOCK_NAME = "_bertpipe.lock"
-HEARTBEAT_S = 60.0
-# Not refreshed for this long, a lock is reported as stale even when its holder cannot be
-# checked (another host): its holder died or was suspended. Generous, for clock skew
-# between hosts on a shared file system.
-STALE_AFTER_S = 3600
+TAKEOVER_PREFIX = f"{LOCK_NAME}.takeover-"
+# How often a holder refreshes its lock; `BERTPIPE_LOCK_REFRESH_S` changes it (tests use
+# fractions of a second). Why 30 s: a refresh costs one small write, and the lease it gives
+# (2.5 min) is short beside a scheduler's retry back-off.
+DEFAULT_REFRESH_S = 30.0
+REFRESH_ENV = "BERTPIPE_LOCK_REFRESH_S"
+# A lock not refreshed for LEASE_BEATS intervals has expired: its holder is dead or frozen.
+# Why 5: one or two missed beats happen to a healthy run on a loaded machine (a long GC, a
+# slow object store); five do not.
+LEASE_BEATS = 5
+# A lock that has missed this many beats is waited on until its lease ends.
+SUSPECT_BEATS = 2
+# Locks written before leases had no `refresh_s`; their holders refreshed every 60 s.
+LEGACY_REFRESH_S = 60.0
+
+
+def refresh_interval() -> float:
+    """This process's refresh interval (the environment's, else the default)."""
+    raw = os.environ.get(REFRESH_ENV)
+    try:
+        value = float(raw) if raw else DEFAULT_REFRESH_S
+    except ValueError:
+        value = DEFAULT_REFRESH_S
+    return value if value > 0 else DEFAULT_REFRESH_S
+
+
+@dataclass(frozen=True)
+class LockState:
+    """What a run may do about the lock it found: `free`, `live` (refuse), `suspect` (wait
+    `wait_s` for its lease to end), `dead` (take it over, `reason` says why) or
+    `unknown` (unreadable: refuse, naming `bertpipe unlock`)."""
+
+    kind: str
+    holder: dict[str, Any]
+    reason: str = ""
+    wait_s: float = 0.0
 
 
 class StoreLock:
-    def __init__(self, store_path: str | Path | Location):
+    def __init__(self, store_path: str | Path | Location,
+                 say: Callable[[str], None] = log.warning):
         self.store = store_path if isinstance(store_path, Location) else resolve(store_path)
         self.file = self.store.child(LOCK_NAME)
         self.token: str | None = None  # set while this object holds the lock
+        self.took_over: str = ""  # whose lock this run took over, and why ("" if none)
+        self.lost = False  # set by the refresher when another run took the lock over
         self._stop = threading.Event()
         self._holder: dict[str, Any] = {}
+        self._claims: list[Location] = []
+        self._say = say  # the one line that says a lock was taken over or waited on
 
     @property
     def path(self) -> Path:
         """The lock file of a local store."""
         return Path(self.file.path)
 
+    # --- taking and giving back -------------------------------------------------------
+
     def acquire(self, fingerprint: str) -> None:
-        """Take the lock, or raise StoreError naming the holder (and how to clear a stale one)."""
-        token = uuid.uuid4().hex
+        """Take the lock: create it, take over a dead holder's, or wait out a suspect one's
+        lease; raise StoreError naming a live holder (or how to clear an unknown one)."""
+        record = self._record(fingerprint)
+        for _ in range(100):  # each pass ends or observes another run's lock change
+            if self.file.create_exclusive(_dump(record)):
+                return self._hold(record)
+            state = self.state()
+            if state.kind == "free":
+                continue  # released between our attempt and the read: try again
+            if state.kind == "dead":
+                return self._take_over(record, state)
+            if state.kind == "suspect":
+                self._say(f"{self.store}: the lock of {describe(state.holder)} was not "
+                          f"refreshed for {self.idle_seconds(state.holder):.0f} s; waiting up "
+                          f"to {state.wait_s:.0f} s for its lease to end")
+                time.sleep(min(state.wait_s, _refresh_of(state.holder)) + 0.01)
+                continue
+            raise StoreError(self.refusal(state))
+        raise StoreError(f"output.path: {self.store}: the lock kept changing hands; try again")
+
+    def _record(self, fingerprint: str) -> dict[str, Any]:
         now = time.time()
-        holder = {"host": socket.gethostname(), "pid": os.getpid(),
-                  "process_start": _process_start(os.getpid()),
-                  "started": datetime.now(UTC).isoformat(timespec="seconds"),
-                  "started_unix": now, "refreshed_unix": now, "fingerprint": fingerprint,
-                  "token": token}
-        if not self.file.create_exclusive(json.dumps(holder, indent=1).encode()):
-            raise StoreError(self.refusal())
-        self.token = token
-        self._holder = holder
+        return {"host": socket.gethostname(), "pid": os.getpid(),
+                "process_start": _process_start(os.getpid()),
+                "started": datetime.now(UTC).isoformat(timespec="seconds"),
+                "started_unix": now, "refreshed_unix": now, "refresh_s": refresh_interval(),
+                "fingerprint": fingerprint, "token": uuid.uuid4().hex, "generation": 1}
+
+    def _hold(self, record: dict[str, Any]) -> None:
+        self.token = record["token"]
+        self._holder = record
+        self.lost = False
         self._stop.clear()
         threading.Thread(target=self._heartbeat, name="bertpipe-lock", daemon=True).start()
 
+    def _take_over(self, record: dict[str, Any], state: LockState) -> None:
+        """Replace a dead holder's lock. The claim file (created if absent, one per dead
+        token) lets exactly one of several runs that found the same dead lock replace it."""
+        dead = state.holder
+        claim = self.store.child(TAKEOVER_PREFIX + _token_of(dead))
+        if not claim.create_exclusive(_dump(record)):
+            raise StoreError(f"output.path: {self.store} is being taken over by another run "
+                             f"(the lock of {describe(dead)} {state.reason}); wait for it to "
+                             "finish")
+        if _token_of(self.holder() or {}) != _token_of(dead):  # it changed since we read it
+            claim.remove()
+            raise StoreError(f"output.path: {self.store}: its lock changed hands while this run "
+                             "took it over; try again")
+        self.took_over = f"the lock of {describe(dead)}: {state.reason}"
+        record = {**record, "generation": int(dead.get("generation", 0) or 0) + 1,
+                  "took_over": {k: dead.get(k) for k in ("host", "pid", "started", "token")}
+                  | {"reason": state.reason}}
+        self.file.write_bytes(_dump(record))
+        self._claims.append(claim)
+        self._say(f"{self.store}: took over {self.took_over}")
+        self._hold(record)
+
     def _heartbeat(self) -> None:
         token = self.token
-        while not self._stop.wait(HEARTBEAT_S):
-            if self.token != token or (self.holder() or {}).get("token") != token:
-                return  # released, or cleared by `bertpipe unlock`: never touch another's
+        while not self._stop.wait(_refresh_of(self._holder)):
+            if self.token != token:
+                return  # released
+            if _token_of(self.holder() or {}) != token:
+                self.lost = True  # taken over or cleared: never touch another's lock
+                return
             with contextlib.suppress(Exception):  # a missed beat is retried on the next
                 self._refresh()
 
@@ -79,30 +190,40 @@ class StoreLock:
             return
         # no mtime to touch on an object store: the holder rewrites its own record
         self._holder = {**self._holder, "refreshed_unix": time.time()}
-        self.file.write_bytes(json.dumps(self._holder, indent=1).encode())
+        self.file.write_bytes(_dump(self._holder))
 
     def release(self) -> None:
         """Remove the lock if it is still this object's (never another run's)."""
         self._stop.set()
         if self.token is None:
             return
-        if (self.holder() or {}).get("token") == self.token:
+        if _token_of(self.holder() or {}) == self.token:
             self.file.remove()
+            for claim in self._claims:  # after the lock: a claim outlives what it guards
+                claim.remove()
         self.token = None
+        self._claims = []
+
+    # --- fencing ----------------------------------------------------------------------
+
+    def fence(self) -> Fence | None:
+        """What a writer (in this process or on a worker) checks before it publishes."""
+        return Fence(self.file, self.token) if self.token else None
+
+    def confirm(self, action: str) -> None:
+        """Raise StoreError unless this object still holds the lock: a run that was paused
+        past its lease and taken over must not `action` (commit, remove) anything."""
+        fence = self.fence()
+        if fence is None:
+            raise StoreError(f"output.path: {self.store}: this run does not hold the lock; "
+                             f"it will not {action}")
+        fence.check(action)
+
+    # --- reading ----------------------------------------------------------------------
 
     def holder(self) -> dict[str, Any] | None:
-        """Who holds the lock, or None when there is none."""
-        for _ in range(20):  # a lock made by the O_EXCL fallback may be read half written
-            try:
-                text = self.file.read_bytes()
-            except (FileNotFoundError, NotADirectoryError):
-                return None
-            try:
-                value = json.loads(text)
-                return value if isinstance(value, dict) else {}
-            except ValueError:
-                time.sleep(0.05)
-        return {}
+        """Who holds the lock, or None when there is none ({} when unreadable)."""
+        return read_record(self.file)
 
     def idle_seconds(self, holder: dict[str, Any]) -> float:
         """Time since the holder last refreshed the lock."""
@@ -114,37 +235,109 @@ class StoreLock:
         refreshed = holder.get("refreshed_unix", holder.get("started_unix"))
         return time.time() - float(refreshed) if isinstance(refreshed, (int, float)) else 0.0
 
-    def stale_reason(self, holder: dict[str, Any]) -> str | None:
-        """Why the holder cannot still be running, or None when it may be."""
+    def state(self) -> LockState:
+        """What the lock on the store is, for a run that wants it."""
+        holder = self.holder()
+        if holder is None:
+            return LockState("free", {})
         if not holder:
-            return "the lock file is unreadable"
+            return LockState("unknown", holder, "the lock file is unreadable")
+        refresh = _refresh_of(holder)
         idle = self.idle_seconds(holder)
-        if idle > STALE_AFTER_S:
-            return f"not refreshed for {idle / 3600:.1f} h"
+        if idle > LEASE_BEATS * refresh:
+            return LockState("dead", holder, f"its lease expired (not refreshed for "
+                             f"{_duration(idle)}, lease {_duration(LEASE_BEATS * refresh)})")
         if holder.get("host") == socket.gethostname() and not _alive(holder):
-            return f"process {holder.get('pid')} is no longer running on this host"
-        return None
+            return LockState("dead", holder, f"process {holder.get('pid')} is no longer "
+                             "running on this host")
+        if idle > SUSPECT_BEATS * refresh:
+            return LockState("suspect", holder, wait_s=LEASE_BEATS * refresh - idle)
+        return LockState("live", holder)
 
     def live_here(self, holder: dict[str, Any]) -> bool:
         """The holder is a running process on this host (the one lock `unlock` refuses)."""
         return holder.get("host") == socket.gethostname() and _alive(holder)
 
-    def refusal(self) -> str:
-        holder = self.holder()
-        if holder is None:  # released between our attempt and this read: say so plainly
+    def refusal(self, state: LockState | None = None) -> str:
+        state = state or self.state()
+        if state.kind == "free":  # released between our attempt and this read
             return f"output.path: {self.store} was locked by another run; try again"
-        who = (f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, since "
-               f"{holder.get('started', '?')}, job {str(holder.get('fingerprint', '?'))[:12]}")
-        stale = self.stale_reason(holder)
-        if stale:
-            return (f"output.path: {self.store} is locked by a run that looks stale ({who}; "
-                    f"{stale}); if no run is writing to it, clear the lock with "
-                    f"`bertpipe unlock {self.store}` and run again")
-        return (f"output.path: {self.store} is being written by another run ({who}); wait for "
-                "it to finish, or choose another output.path")
+        if state.kind == "unknown":
+            return (f"output.path: {self.store} is locked, but {state.reason}; if no run is "
+                    f"writing to it, clear the lock with `bertpipe unlock {self.store}` and "
+                    "run again")
+        return (f"output.path: {self.store} is being written by another run "
+                f"({describe(state.holder)}); wait for it to finish, or choose another "
+                "output.path")
 
     def force_remove(self) -> None:
         self.file.remove()
+
+
+class LockLostError(StoreError):
+    """This run's lock was taken over while it was paused: it must stop writing."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The lock file and the token a run holds it with; picklable, so Dask workers check
+    it before they publish a part."""
+
+    lock_file: Location
+    token: str
+
+    def check(self, action: str) -> None:
+        holder = read_record(self.lock_file)
+        if _token_of(holder or {}) == self.token:
+            return
+        now = (f"now held by {describe(holder)}" if holder else
+               "released by the run that took it over")
+        raise LockLostError(f"output.path: {self.lock_file.url.rsplit('/', 1)[0]}: this run's "
+                         f"lock was taken over by another run after its lease expired ({now}); "
+                         f"this run will not {action}: nothing of the other run's is touched")
+
+
+def read_record(file: Location) -> dict[str, Any] | None:
+    """A lock file's record, None when absent, {} when unreadable."""
+    for _ in range(20):  # a lock made by the O_EXCL fallback may be read half written
+        try:
+            text = file.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            value = json.loads(text)
+            return value if isinstance(value, dict) else {}
+        except ValueError:
+            time.sleep(0.05)
+    return {}
+
+
+def describe(holder: dict[str, Any]) -> str:
+    return (f"host {holder.get('host', '?')}, pid {holder.get('pid', '?')}, since "
+            f"{holder.get('started', '?')}, job {str(holder.get('fingerprint', '?'))[:12]}")
+
+
+def _dump(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, indent=1).encode()
+
+
+def _token_of(holder: dict[str, Any]) -> str:
+    """The holder's token; a record without one is named by its content's digest."""
+    token = holder.get("token")
+    if isinstance(token, str) and token:
+        return token
+    return hashlib.sha256(json.dumps(holder, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _refresh_of(holder: dict[str, Any]) -> float:
+    value = holder.get("refresh_s", LEGACY_REFRESH_S)
+    return float(value) if isinstance(value, (int, float)) and value > 0 else LEGACY_REFRESH_S
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
 def _alive(holder: dict[str, Any]) -> bool:

@@ -29,9 +29,10 @@ OWN_ENTRIES = {
     "parquet": {"docs", "chunks", "tokens", "post", "index", STAGING_DIR},
 }
 # files a run leaves while it writes: parquet parts before their rename (the tokens folder
-# too), lock temporaries
+# too), the lock, its take-over claims and their temporaries
 TEMPORARY = re.compile(r"^\.((docs|chunks)\.parquet|tokens)\.[0-9a-f]{32}$")
-LOCK_FILES = re.compile(rf"^\.?{re.escape(LOCK_NAME)}(\.[0-9a-f]{{32}})?$")
+LOCK_FILES = re.compile(
+    rf"^\.?{re.escape(LOCK_NAME)}(\.takeover-[0-9a-f]{{32}})?(\.[0-9a-f]{{32}})?$")
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,7 @@ class RunRecord:
     copied: int
     tokens: int  # tokens fed to the model, special tokens and overlap included
     wall_s: float
+    took_over_lock: str = ""  # whose dead or expired lock this run took over, and why
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> RunRecord:

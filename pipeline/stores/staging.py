@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .fs import Location, resolve
+from .lock import Fence
 
 STAGING_DIR = "_bertpipe"
 LEVELS = ("docs", "chunks", "tokens")
@@ -34,10 +35,20 @@ class Staging:
     """The staging area of a store; `area` names the folder of parts (`parts` for the
     partitions a run encodes, another name for parts assembled from them)."""
 
-    def __init__(self, store_path: str | Path | Location, area: str = "parts"):
+    def __init__(self, store_path: str | Path | Location, area: str = "parts",
+                 fence: Fence | None = None):
         self.store = store_path if isinstance(store_path, Location) else resolve(store_path)
         self.root = self.store.child(STAGING_DIR)
         self.parts = self.root.child(area)
+        # the run's hold on the store's lock, checked before a part is published: a run
+        # taken over while it was paused writes nothing more
+        self.fence = fence
+
+    def confirm(self, action: str) -> None:
+        """Fencing before a step that publishes: the run still holds the store's lock
+        (LockLostError otherwise); a no-op for staging opened without a run's fence."""
+        if self.fence is not None:
+            self.fence.check(action)
 
     @property
     def exists(self) -> bool:
@@ -63,6 +74,7 @@ class Staging:
     def write_part(self, index: int, tables: dict[str, pa.Table | None],
                    marker: dict[str, Any]) -> dict[str, Any]:
         """Write the part files, then the marker that says they are whole."""
+        self.confirm(f"write partition {index}")
         checksums = {}
         for level, table in tables.items():
             if table is None:
@@ -74,6 +86,7 @@ class Staging:
             self.part(index, level).write_bytes(data)
             checksums[level] = hashlib.sha256(data).hexdigest()
         marker = {**marker, "index": index, "sha256": checksums}
+        self.confirm(f"mark partition {index} done")  # again: writing takes time
         self.marker(index).write_json(marker)
         return marker
 
