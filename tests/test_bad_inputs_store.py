@@ -529,7 +529,8 @@ def test_runs_racing_for_one_dead_lock_exactly_one_takes_it(tmp_path: Path) -> N
         start = threading.Barrier(len(locks))
         outcomes: list[str] = []
 
-        def take(lock: StoreLock) -> None:
+        def take(lock: StoreLock, start: threading.Barrier = start,
+                 outcomes: list[str] = outcomes) -> None:
             start.wait()
             try:
                 lock.acquire("b" * 64)

@@ -136,26 +136,41 @@ def test_store_lock_on_s3_refuses_a_second_writer_and_spares_anothers(s3: str) -
     assert first.holder() is None and keys(f"{s3}/o.zarr") == []
 
 
-def test_held_lock_on_s3_is_refreshed(s3: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No mtime to touch on an object store: the holder rewrites its own record."""
+def test_lease_on_s3_is_refreshed_taken_over_when_expired_and_fenced(
+        s3: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No mtime to touch on an object store: the holder rewrites its own record. A record
+    of another host that stopped refreshing is taken over after its lease (conditional
+    create of the claim), and the old holder's fence then refuses."""
+    import json
     import time
 
     from pipeline.stores import lock as lock_module
+    from pipeline.stores.lock import Fence, LockLostError, StoreLock
 
-    monkeypatch.setattr(lock_module, "HEARTBEAT_S", 0.05)
-    held = lock_module.StoreLock(f"{s3}/o.zarr")
+    monkeypatch.setenv(lock_module.REFRESH_ENV, "0.05")
+    url = f"{s3}/o.zarr"
+    held = StoreLock(url)
     held.acquire("a" * 64)
     record = held.holder() or {}
-    stale = {**record, "refreshed_unix": time.time() - 2 * lock_module.STALE_AFTER_S}
-    assert "not refreshed" in (held.stale_reason(stale) or "")
     deadline = time.monotonic() + 20
     while (held.holder() or {}).get("refreshed_unix", 0) <= record["refreshed_unix"]:
         assert time.monotonic() < deadline, "the holder did not refresh its lock"
         time.sleep(0.05)
-    assert held.stale_reason(held.holder() or {}) is None
+    assert held.state().kind == "live"
     assert (held.holder() or {}).get("token") == record["token"]
     held.release()
     assert held.holder() is None
+    dead = {**record, "host": "elsewhere", "token": "d" * 32, "refresh_s": 30,
+            "refreshed_unix": time.time() - 3600}
+    storefs.resolve(f"{url}/_bertpipe.lock").write_bytes(json.dumps(dead).encode())
+    taker = StoreLock(url)
+    taker.acquire("b" * 64)
+    assert "host elsewhere" in taker.took_over and "its lease expired" in taker.took_over
+    assert (taker.holder() or {}).get("generation") == 2
+    with pytest.raises(LockLostError, match="now held by host "):
+        Fence(taker.file, "d" * 32).check("commit")  # the dead holder, had it woken up
+    taker.release()
+    assert keys(url) == []  # the lock and the claim
 
 
 def test_staging_on_s3_writes_parts_then_markers(s3: str) -> None:

@@ -12,9 +12,11 @@ machine allows, so that they cannot drift from what works:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -24,9 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import pipeline
-from tests.conftest import REPO, job_dict, write_job
+from pipeline.cli import main
+from tests.conftest import REPO, WORDS, job_dict, write_job, write_table
 
 DOC = REPO / "docs" / "cluster.md"
 
@@ -169,6 +173,8 @@ def lines(path: Path) -> list[str]:
     ([2], 2, []), ([3], 3, []), ([4], 4, []),    # fix the job, input or model: no retry
     ([5], 5, []),                       # a lock held or a damaged store: not blindly
     ([6, 3], 3, [300]),                 # a retry that meets a fatal code stops there
+    ([137, 0], 0, [300]),               # SIGKILL (out of memory): the retry takes over, resumes
+    ([143, 137, 137], 137, [300, 600]),  # SIGTERM, then killed twice: three attempts
 ])
 def test_cron_wrapper_retries_only_what_a_retry_mends(tmp_path: Path, codes: list[int],
                                                       final: int, sleeps: list[int]) -> None:
@@ -194,6 +200,42 @@ def test_cron_wrapper_with_the_real_bertpipe(tmp_path: Path, tiny_job: Path) -> 
         assert done.returncode == 0, done.stderr
     assert pipeline.open_store(tmp_path / "tiny.zarr").provenance.stats["rows"] == 10
     assert "already complete" in done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_cron_wrapper_resumes_a_run_killed_by_sigkill(tmp_path: Path, tiny_bert: Path) -> None:
+    """The OOM killer's case: the real bertpipe is killed with SIGKILL mid-run (its lock
+    left behind); the wrapper's first retry takes the dead run's lock over and resumes,
+    exit 0, and the store equals an uninterrupted run."""
+    texts = [f"{a} {b} {c}" for a in WORDS for b in WORDS[:8] for c in ("one", "two")][:300]
+    source = write_table(tmp_path / "texts.parquet",
+                         {"id": [f"r{i}" for i in range(len(texts))], "text": texts})
+    execution = {"scheduler": "synchronous", "partition_rows": 2}
+    job = write_job(tmp_path / "job.yaml", job_dict(source, tiny_bert, tmp_path / "o.zarr",
+                                                    execution=execution))
+    bin_dir = bertpipe_launcher(tmp_path / "bin").parent
+    executable(bin_dir / "sleep", '#!/bin/sh\necho "$1" >> "$SLEEPS"\n')
+    env = environment(bin_dir, SLEEPS=str(tmp_path / "sleeps"))
+    wrapper = subprocess.Popen(["bash", str(cron_wrapper(tmp_path, str(job)))], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lock, parts = tmp_path / "o.zarr" / "_bertpipe.lock", tmp_path / "o.zarr" / "_bertpipe"
+    deadline = time.monotonic() + 120
+    while not (lock.exists() and list(parts.glob("parts/*.done.json"))):
+        assert wrapper.poll() is None and time.monotonic() < deadline, wrapper.communicate()
+        time.sleep(0.01)
+    victim = json.loads(lock.read_text())["pid"]  # the first attempt's bertpipe
+    os.kill(victim, signal.SIGKILL)
+    out, _ = wrapper.communicate(timeout=300)
+    assert wrapper.returncode == 0, out
+    assert lines(tmp_path / "sleeps") == ["300"]  # exactly one retry
+    assert f"took over the lock of host {socket.gethostname()}, pid {victim}" in out
+    reference = write_job(tmp_path / "ref.yaml", job_dict(source, tiny_bert,
+                                                          tmp_path / "ref.zarr",
+                                                          execution=execution))
+    assert CliRunner().invoke(main, ["extract", str(reference)]).exit_code == 0
+    store = pipeline.open_store(tmp_path / "o.zarr")
+    assert_same_vectors(store, pipeline.open_store(tmp_path / "ref.zarr"))
+    assert f"pid {victim}" in store.provenance.history[0].took_over_lock
 
 
 # --- SLURM with dask-jobqueue -------------------------------------------------------------

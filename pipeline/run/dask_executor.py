@@ -31,8 +31,8 @@ from ..extract.partition import Extractor
 from ..extract.source import Partition
 from ..spec import Job
 from ..stores import Staging
-from ..stores.lock import Fence, LockLostError
 from ..stores.fs import register_options
+from ..stores.lock import Fence, LockLostError
 from .executors import (
     Encoded,
     Failures,

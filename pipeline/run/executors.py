@@ -23,8 +23,8 @@ from ..extract.partition import Extractor
 from ..extract.source import Partition
 from ..spec import Job
 from ..stores import Staging
-from ..stores.lock import LockLostError
 from ..stores.fs import scrub
+from ..stores.lock import LockLostError
 
 # on_done(partition, marker) once per finished partition: progress and bookkeeping.
 # on_batch(partition, batches done, batches planned) after each forward pass: progress only.

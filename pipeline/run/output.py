@@ -14,8 +14,8 @@ from __future__ import annotations
 import fnmatch
 import logging
 import os
-from dataclasses import asdict, dataclass
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 from types import TracebackType
 from typing import Any

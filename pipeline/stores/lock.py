@@ -106,6 +106,7 @@ class StoreLock:
         self._stop = threading.Event()
         self._holder: dict[str, Any] = {}
         self._claims: list[Location] = []
+        self._refresher: threading.Thread | None = None
         self._say = say  # the one line that says a lock was taken over or waited on
 
     @property
@@ -149,7 +150,9 @@ class StoreLock:
         self._holder = record
         self.lost = False
         self._stop.clear()
-        threading.Thread(target=self._heartbeat, name="bertpipe-lock", daemon=True).start()
+        self._refresher = threading.Thread(target=self._heartbeat, name="bertpipe-lock",
+                                           daemon=True)
+        self._refresher.start()
 
     def _take_over(self, record: dict[str, Any], state: LockState) -> None:
         """Replace a dead holder's lock. The claim file (created if absent, one per dead
@@ -195,6 +198,9 @@ class StoreLock:
     def release(self) -> None:
         """Remove the lock if it is still this object's (never another run's)."""
         self._stop.set()
+        if self._refresher is not None:  # a refresh in flight would write the lock anew
+            self._refresher.join(timeout=60)
+            self._refresher = None
         if self.token is None:
             return
         if _token_of(self.holder() or {}) == self.token:
