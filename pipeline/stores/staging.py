@@ -114,6 +114,9 @@ class Staging:
 
     def read_parts(self, level: str, indices: Sequence[int]) -> Iterator[pa.Table]:
         for index in indices:
+            # a commit reads every part: fencing between parts keeps a run taken over while
+            # paused mid-commit from writing more than the part it was on
+            self.confirm(f"commit partition {index}")
             yield pq.read_table(io.BytesIO(self.part(index, level).read_bytes()))
 
     def part_schemas(self, level: str, indices: Sequence[int]) -> Iterator[pq.FileMetaData]:
