@@ -26,3 +26,21 @@ def test_top_level_help_lists_exit_codes_and_completion() -> None:
     result = CliRunner().invoke(main, ["--help"])
     assert "_BERTPIPE_COMPLETE=bash_source bertpipe" in result.stdout
     assert "7  scheduler unreachable" in result.stdout
+
+
+def test_help_imports_no_heavy_library() -> None:
+    """`bertpipe --help` (and `import pipeline`) start in a fraction of a second: torch,
+    transformers, xarray, dask, zarr and pyarrow are imported by the commands that use
+    them, never by the package or the CLI module."""
+    import subprocess
+    import sys
+
+    heavy = ["torch", "transformers", "xarray", "dask", "zarr", "pyarrow", "numpy"]
+    code = ("import sys; from click.testing import CliRunner; import pipeline; "
+            "from pipeline.cli import main; "
+            "assert CliRunner().invoke(main, ['--help']).exit_code == 0; "
+            f"print([m for m in {heavy!r} if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

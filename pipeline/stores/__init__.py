@@ -1,27 +1,42 @@
 """Store formats behind one protocol (`StoreFormat`), the staging area that workers write
-into, the typed provenance, and opening a finished store (`open_store`)."""
+into, the typed provenance, and opening a finished store (`open_store`).
+
+The formats (and zarr, xarray and dask with them) are imported on first use: a module
+that needs only `stores.fs` or `stores.lock` does not pay for them.
+"""
 
 from __future__ import annotations
 
-from ..errors import StoreError
-from .base import Layout, StoreFormat
-from .fs import resolve
-from .parquet_store import ParquetFormat
-from .staging import Staging
-from .zarr_store import ZarrFormat
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
-FORMATS: dict[str, StoreFormat] = {"zarr": ZarrFormat(), "parquet": ParquetFormat()}
+from ..errors import StoreError
+from .fs import resolve
+
+if TYPE_CHECKING:
+    from .base import Layout, StoreFormat
+    from .staging import Staging
+
+
+@cache
+def formats() -> dict[str, StoreFormat]:
+    """Every store format by its `output.format` name."""
+    from .parquet_store import ParquetFormat
+    from .zarr_store import ZarrFormat
+
+    return {"zarr": ZarrFormat(), "parquet": ParquetFormat()}
 
 
 def format_named(name: str) -> StoreFormat:
     try:
-        return FORMATS[name]
+        return formats()[name]
     except KeyError:
-        raise StoreError(f"output.format: unknown {name!r}; valid: {', '.join(FORMATS)}") from None
+        raise StoreError(f"output.format: unknown {name!r}; valid: "
+                         f"{', '.join(formats())}") from None
 
 
 def detect_format(path: str) -> StoreFormat:
-    for fmt in FORMATS.values():
+    for fmt in formats().values():
         if fmt.is_store(path):
             return fmt
     if resolve(path).child("chunks").is_dir():
@@ -30,4 +45,19 @@ def detect_format(path: str) -> StoreFormat:
     raise StoreError(f"{path}: not a bertpipe store (no zarr.json or docs/part-0.parquet)")
 
 
-__all__ = ["FORMATS", "Layout", "Staging", "StoreFormat", "detect_format", "format_named"]
+def __getattr__(name: str) -> Any:
+    if name == "FORMATS":
+        return formats()
+    if name in ("Layout", "StoreFormat"):
+        from . import base
+
+        return getattr(base, name)
+    if name == "Staging":
+        from .staging import Staging
+
+        return Staging
+    raise AttributeError(f"module 'pipeline.stores' has no attribute {name!r}")
+
+
+__all__ = ["FORMATS", "Layout", "Staging", "StoreFormat", "detect_format", "format_named",
+           "formats"]
