@@ -439,7 +439,7 @@ def _check_consistency(job: Job) -> None:
         if v.pooling == TOKEN_POOLING and v.post is not None:
             raise JobError(f"{key}.post: post-processing is fitted on document vectors and a "
                            "pooling: tokens view stores token vectors only; drop post")
-    _check_incremental(job)
+    check_incremental(job)
     for section, spec in (("input", job.input), ("output", job.output)):
         if spec.storage_options and "://" not in spec.path:
             raise JobError(f"{section}.storage_options: only used with a URL {section}.path "
@@ -453,7 +453,7 @@ def _check_consistency(job: Job) -> None:
         raise JobError("chunking.overlap: only used with strategy hierarchical")
 
 
-def _check_incremental(job: Job) -> None:
+def check_incremental(job: Job) -> None:
     """What an incremental run needs of the job (checked on load, so `validate` says so)."""
     if not job.output.incremental:
         return

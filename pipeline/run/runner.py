@@ -20,7 +20,7 @@ from ..extract.model import model_fingerprint
 from ..extract.preflight import preflight
 from ..extract.source import Partition, input_identity
 from ..post.apply import fit_view
-from ..spec import Job
+from ..spec import Job, check_incremental
 from ..stores import Layout, Staging, format_named
 from ..stores.fs import check_reachable, register_options, resolve, storage_errors
 from ..stores.provenance import InputFile, RunRecord
@@ -74,9 +74,10 @@ def _run_job(job: Job, executor: Executor | None, on_done: OnDone | None, overwr
         if overwrite or job.output.overwrite:
             raise JobError("output.incremental: an incremental run adds to the store, "
                            "--overwrite replaces it; choose one")
-        if not job.output.incremental:  # the job key's checks (id column, token views)
-            job = Job.from_dict({**job.to_dict(), "output": {**job.to_dict()["output"],
-                                                             "incremental": True}})
+        if not job.output.incremental:
+            # why not through to_dict: that form is redacted (literal credentials -> ***)
+            job = replace(job, output=replace(job.output, incremental=True))
+            check_incremental(job)  # the job key's own checks (id column, token views)
         updated = run_incremental(job, executor or executor_for(job, say), on_done, on_plan,
                                   job_file, prune, say, summary)
         if updated is not None:
