@@ -51,7 +51,7 @@ def synthetic_store(path: Path, rows: int, dim: int = 384, seed: int = 0) -> Pat
                                                                                      np.int64)),
             "truncated": pa.array(np.zeros(n, bool)), "status": pa.array(["ok"] * n),
             "v": vector_array(x.astype(np.float32), "float32")})
-        staging.write_part(i, {"docs": table}, {"fingerprint": "synthetic"})
+        staging.write_tables(i, {"docs": table})
         indices.append(i)
     provenance = {"complete": True, "format_version": 1, "run_fingerprint": "synthetic",
                   "job": {"input": {"path": str(path.parent / "none.parquet"),

@@ -279,7 +279,7 @@ def synthetic_store(path: Path, informative_layer: int = 2, seed: int = 0,
     provenance = synthetic_provenance(path, views, carry=("label",), n_layers=n_states - 1)
     staging = Staging(path)
     staging.begin({"run_fingerprint": "x"})
-    staging.write_part(0, {"docs": pa.table(columns)}, {"fingerprint": "x"})
+    staging.write_tables(0, {"docs": pa.table(columns)})
     format_named("zarr").create(str(path), {"complete": False})
     format_named("zarr").commit(str(path), staging, Layout([0], n, 0, False), provenance)
     return pipeline.open_store(path)

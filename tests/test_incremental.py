@@ -511,6 +511,30 @@ def test_first_incremental_run_is_a_full_run(tmp_path: Path, tiny_bert: Path) ->
     assert again.already_complete and again.incremental and again.encoded == 0
 
 
+def test_the_fall_back_to_a_full_run_hashes_the_weights_once(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An incremental run that finds no store runs the job in full: the run's context
+    (plan, input identity, weights digest) is computed once for both."""
+    from pipeline import fileutil
+    from pipeline.extract import model as model_module
+
+    hashed: list[str] = []
+    original = fileutil.sha256_file
+
+    def counting(path: Any) -> str:
+        hashed.append(str(path))
+        return original(path)
+
+    monkeypatch.setattr(model_module, "sha256_file", counting)
+    source = tmp_path / "in.parquet"
+    pq.write_table(_reviews().slice(0, 8), source)
+    job = _job(tiny_bert, source, tmp_path / "new.zarr", "zarr")
+    summary = run_job(job, incremental=True)
+    assert not summary.incremental and summary.encoded == 8
+    weights = sorted(p.name for p in tiny_bert.iterdir() if p.suffix == ".safetensors")
+    assert sorted(Path(p).name for p in hashed) == weights  # each weight file once
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_identical_texts_are_encoded_once(fmt: str, tmp_path: Path, tiny_bert: Path) -> None:
     """Within a partition and against the store: duplicates take copies of one encoding."""

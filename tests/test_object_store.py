@@ -17,6 +17,7 @@ import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -174,14 +175,19 @@ def test_lease_on_s3_is_refreshed_taken_over_when_expired_and_fenced(
 
 
 def test_staging_on_s3_writes_parts_then_markers(s3: str) -> None:
+    from pipeline.stores.markers import PartitionMarker
     from pipeline.stores.staging import Staging
 
     staging = Staging(f"{s3}/o.zarr")
     staging.begin({"run_fingerprint": "f"})
     table = pa.table({"row": [0, 1], "x": [1.5, 2.5]})
-    staging.write_part(0, {"docs": table, "chunks": None}, {"fingerprint": "f"})
-    staging.write_part(1, {"docs": table}, {"fingerprint": "other job"})
-    assert sorted(staging.done("f")) == [0]
+    marker = PartitionMarker(index=0, fingerprint="f", rows=(0, 2), input="i", n_chunks=2,
+                             n_tokens=9, n_covered=9, n_encoded=13, n_unique=2, device="cpu",
+                             dtype="float32", runtime="torch", seconds=0.5)
+    written = staging.write_part(marker, {"docs": table, "chunks": None})
+    staging.write_part(replace(marker, index=1, fingerprint="other job"), {"docs": table})
+    assert staging.done("f") == {0: written}  # read back as written, checksums included
+    assert set(written.sha256) == {"docs"}
     assert next(iter(staging.read_parts("docs", [0]))).equals(table)
     # a part altered after its marker was written is not reused
     staging.part(0, "docs").write_bytes(b"PAR1 damaged PAR1")
@@ -896,13 +902,13 @@ def test_a_partition_is_written_while_the_next_one_encodes(
         finally:
             spans["encode"].append((part.index, start, time.monotonic()))
 
-    def slow_write(self: Any, index: int, tables: Any, marker: Any) -> Any:
+    def slow_write(self: Any, marker: Any, tables: Any) -> Any:
         start = time.monotonic()
         time.sleep(0.4)
         try:
-            return original_write(self, index, tables, marker)
+            return original_write(self, marker, tables)
         finally:
-            spans["write"].append((index, start, time.monotonic()))
+            spans["write"].append((marker.index, start, time.monotonic()))
 
     monkeypatch.setattr(Extractor, "run", timed_run)
     monkeypatch.setattr(Staging, "write_part", slow_write)

@@ -28,7 +28,7 @@ def _store(path: Path) -> pipeline.Store:
         "v": vector_array(rng.normal(size=(N, H)), "float32")})
     staging = Staging(path)
     staging.begin({"run_fingerprint": "synthetic"})
-    staging.write_part(0, {"docs": table}, {"fingerprint": "synthetic"})
+    staging.write_tables(0, {"docs": table})
     fmt = format_named("zarr")
     fmt.create(str(path), {"complete": False})
     fmt.commit(str(path), staging, Layout([0], N, 0, False),

@@ -81,7 +81,7 @@ def assemble(a: Assembly, out: Staging, budget: int) -> tuple[Layout, dict[str, 
         rows = np.arange(start, min(start + BLOCK_ROWS, n))
         docs = _docs_block(a, rows)
         chunks = _chunks_block(a, rows, docs) if has_chunks else None
-        out.write_part(index, {"docs": docs, "chunks": chunks}, {})
+        out.write_tables(index, {"docs": docs, "chunks": chunks})
         indices.append(index)
         n_tokens = docs.column("n_tokens").to_numpy()
         truncated = docs.column("truncated").to_numpy(zero_copy_only=False)

@@ -9,27 +9,31 @@ store's uploads then overlap the model's work. The Dask executor lives in
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Protocol
 
 import pyarrow as pa
 
-from ..errors import BertpipeError
+from ..errors import BertpipeError, JobError
 from ..extract.partition import Extractor
 from ..extract.source import Partition
 from ..spec import Job
 from ..stores import Staging
 from ..stores.fs import scrub
 from ..stores.lock import LockLostError
+from ..stores.markers import PartitionMarker
+
+log = logging.getLogger(__name__)
 
 # on_done(partition, marker) once per finished partition: progress and bookkeeping.
 # on_batch(partition, batches done, batches planned) after each forward pass: progress only.
 OnBatch = Callable[[Partition, int, int], None]
-OnDone = Callable[[Partition, dict[str, Any]], None]
+OnDone = Callable[[Partition, PartitionMarker], None]
 Failures = list[tuple[Partition, str]]
 
 
@@ -56,7 +60,7 @@ class Encoded:
 
     part: Partition
     tables: dict[str, pa.Table | None]
-    marker: dict[str, Any]
+    marker: PartitionMarker  # its checksums set when the parts are written
 
 
 def encode_partition(extractor: Extractor, part: Partition, fingerprint: str,
@@ -66,23 +70,21 @@ def encode_partition(extractor: Extractor, part: Partition, fingerprint: str,
     extractor.encoder.on_batch = (lambda done, total: on_batch(part, done, total)) \
         if on_batch else None
     tables = extractor.run(part)
-    marker = {
-        "fingerprint": fingerprint,
-        "rows": [part.row_start, part.row_stop],
-        "input": part.footer_sha256,
-        **tables.stats,
-        "device": str(extractor.model.device),
-        "dtype": extractor.runtime.dtype,
-        "runtime": extractor.runtime.name,
-        "seconds": time.perf_counter() - start,
-    }
+    stats = tables.stats
+    marker = PartitionMarker(
+        index=part.index, fingerprint=fingerprint, rows=(part.row_start, part.row_stop),
+        input=part.footer_sha256, n_chunks=stats["n_chunks"], n_tokens=stats["n_tokens"],
+        n_covered=stats["n_covered"], n_encoded=stats["n_encoded"], n_unique=stats["n_unique"],
+        n_stored_tokens=stats.get("n_stored_tokens", 0), device=str(extractor.model.device),
+        dtype=extractor.runtime.dtype, runtime=extractor.runtime.name,
+        seconds=time.perf_counter() - start)
     return Encoded(part, {"docs": tables.docs, "chunks": tables.chunks,
                                   "tokens": tables.tokens}, marker)
 
 
-def stage_partition(staging: Staging, encoded: Encoded) -> dict[str, Any]:
+def stage_partition(staging: Staging, encoded: Encoded) -> PartitionMarker:
     """Write an encoded partition's parts, then its marker, into the store."""
-    return staging.write_part(encoded.part.index, encoded.tables, encoded.marker)
+    return staging.write_part(encoded.marker, encoded.tables)
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -115,7 +117,7 @@ class InProcessExecutor:
             return []
         extractor = self.extractor or Extractor(job)
         failures: Failures = []
-        writing: tuple[Partition, Future[dict[str, Any]]] | None = None
+        writing: tuple[Partition, Future[PartitionMarker]] | None = None
 
         def finish() -> None:
             if writing is None:
@@ -141,3 +143,20 @@ class InProcessExecutor:
                 writing = (part, writer.submit(stage_partition, staging, encoded))
             finish()
         return failures
+
+
+def executor_for(job: Job, say: Callable[[str], None] = log.info,
+                 on_batch: OnBatch | None = None) -> Executor:
+    """In-process for `synchronous`, else Dask (imported only then: it is slow to import)."""
+    scheduler = job.execution.scheduler
+    if scheduler == "synchronous":
+        return InProcessExecutor(on_batch=on_batch)
+    if scheduler != "local" and "://" not in scheduler:
+        raise JobError(f"execution.scheduler: {scheduler!r} is not local, synchronous or a "
+                       "scheduler address like tcp://host:8786")
+    from .dask_executor import DaskExecutor  # why here: importing distributed costs ~1 s
+
+    executor = DaskExecutor(scheduler, job.execution.workers, job.execution.threads_per_worker,
+                            say)
+    executor.on_batch = on_batch
+    return executor

@@ -25,45 +25,29 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import JobError, PartitionError, StoreError
-from ..extract.model import model_fingerprint
-from ..extract.preflight import preflight
-from ..extract.source import Partition, input_identity, plan_partitions
+from ..errors import JobError, StoreError
+from ..extract.source import Partition, plan_partitions
 from ..post.apply import load_transform
 from ..spec import InputSpec, Job
 from ..stores import Staging, format_named
 from ..stores.lock import Fence
+from ..stores.markers import MarkerTotals
 from ..stores.opened import StoreData, open_store_data
 from ..stores.ownership import inspect_output
-from ..stores.provenance import (
-    InputFile,
-    ModelInfo,
-    Provenance,
-    RunRecord,
-    identity_sha256,
-    is_complete,
-)
-from ..version import __version__
+from ..stores.provenance import ModelInfo, Provenance, is_complete
 from .assemble import Assembly, Derived, Source, assemble
 from .compare import Changes, StoreRows, compare
-from .executors import Executor, OnDone
-from .output import OutputSession, check_output_location
-from .record import (
-    OnPlan,
-    RunSummary,
-    collect,
-    now_iso,
-    reusable,
-    run_fingerprint,
-    runtime_versions,
-)
+from .context import PartitionWork, RunContext, run_partitions
+from .executors import Executor, OnDone, executor_for
+from .output import OutputSession
+from .record import OnPlan, RunSummary, now_iso, run_record, software_versions
 
 log = logging.getLogger(__name__)
 
@@ -71,80 +55,48 @@ DELTA_FILE = "delta.parquet"  # in the staging area
 ASSEMBLED = "assembled"  # staging folder of the new version's parts
 
 
-def run_incremental(job: Job, executor: Executor, on_done: OnDone | None,
-                    on_plan: OnPlan | None, job_file: str | Path | None, prune: bool,
+def run_incremental(ctx: RunContext, executor: Executor | None, on_done: OnDone | None,
+                    on_plan: OnPlan | None, prune: bool,
                     say: Callable[[str], None] = log.info,
                     summary: RunSummary | None = None) -> RunSummary | None:
     """Update the complete store at `output.path` with the input's new and changed rows;
     None when there is no complete store yet (the caller runs the job in full).
     `summary`, when given, is filled in place (the caller keeps it if the run fails)."""
-    started = time.perf_counter()
+    job = ctx.job
     if not job.input.id_column:
         raise JobError("output.incremental: needs input.id_column (rows are matched to the "
                        "store by id)")
-    plan = preflight(job)
-    run = _Run(job, input_identity(job.input), model_fingerprint(job.model.path), started)
-    check_output_location(job, job_file)
-    output = OutputSession(job.output.path, run.fingerprint, say)
+    output = OutputSession(job.output.path, ctx.fingerprint, say)
     output.refuse_if_locked()
     opened = _complete_store(job, say)
     if opened is None:
         return None
     current = opened.provenance
-    check_compatible(job, run.model, current, opened.path)
+    check_compatible(job, ctx.model, current, opened.path)
     summary = summary or RunSummary(opened.path)
     summary.incremental, summary.version = True, current.version
-    if current.input_identity == run.identity and current.run_fingerprint == run.fingerprint:
+    if current.input_identity == ctx.identity and current.run_fingerprint == ctx.fingerprint:
         summary.already_complete = True
         summary.rows = int(opened.docs.sizes["doc"])
         _clear_published(output, current)
         return summary
+    executor = executor or executor_for(job, say)
     with executor, output:
         store = open_store_data(opened.path)  # under the lock: the version this run builds on
-        changes = compare(job.input, plan.partitions, StoreRows.of(store.docs, store.path),
-                          prune)
+        changes = compare(job.input, ctx.parts, StoreRows.of(store.docs, store.path), prune)
         say(f"incremental: {changes.added} new, {changes.replaced} changed, "
             f"{changes.unchanged} unchanged, {changes.gone} gone; {changes.encoded} texts "
             f"to encode ({changes.copied} rows copy an identical text)")
-        staging, delta_job, parts, delta_fp = _stage_delta(run, store, changes,
+        staging, delta_job, parts, delta_fp = _stage_delta(ctx, store, changes,
                                                            output.lock.fence())
-        done = {i: m for i, m in staging.done(delta_fp).items() if reusable(m, parts)}
-        pending = [p for p in parts if p.index not in done]
-        summary.partitions = len(parts)
-        summary.skipped = len(parts) - len(pending)
-        if on_plan:
-            on_plan(parts, pending)
-        failures = executor.run(delta_job, pending, staging, delta_fp,
-                                collect(done, on_done, summary))
-        output.confirm("commit")  # fencing: a run taken over while paused stops here
-        summary.run = len(pending) - len(failures)
-        if failures:
-            part, reason = failures[0]
-            summary.failed = [f"partition {p.index} of the texts to encode: {msg}"
-                              for p, msg in failures]
-            raise PartitionError(f"{len(failures)} of {len(parts)} partitions of the texts to "
-                                 f"encode failed, the others are kept for a rerun; the store "
-                                 f"is unchanged (version {current.version}); first: "
-                                 f"partition {part.index}: {reason}")
-        markers = [done[p.index] for p in parts]
-        provenance = _commit(run, store, changes, staging, parts, markers, plan.budget,
-                             output.took_over)
-    return _summarised(summary, provenance, changes, markers, started)
-
-
-@dataclass(frozen=True)
-class _Run:
-    """What an incremental run is: its job, input identity, model and start."""
-
-    job: Job
-    identity: tuple[InputFile, ...]
-    model: dict[str, Any]
-    started: float  # perf_counter
-    started_at: str = field(default_factory=now_iso)
-
-    @property
-    def fingerprint(self) -> str:
-        return run_fingerprint(self.job, self.model)
+        work = PartitionWork(delta_job, parts, staging, delta_fp,
+                             label="partitions of the texts to encode",
+                             describe=lambda p: f"partition {p.index} of the texts to encode",
+                             unchanged=f"; the store is unchanged (version {current.version})")
+        markers = run_partitions(work, executor, output, summary, on_done, on_plan)
+        totals = MarkerTotals.of(markers)
+        provenance = _commit(ctx, store, changes, staging, parts, totals, output.took_over)
+    return _summarised(summary, provenance, changes, ctx.started)
 
 
 def _complete_store(job: Job, say: Callable[[str], None]) -> StoreData | None:
@@ -163,7 +115,7 @@ def _complete_store(job: Job, say: Callable[[str], None]) -> StoreData | None:
 
 
 def _summarised(summary: RunSummary, provenance: Provenance, changes: Changes,
-                markers: list[dict[str, Any]], started: float) -> RunSummary:
+                started: float) -> RunSummary:
     summary.version = provenance.version
     summary.rows = changes.rows
     summary.chunks = int(provenance.stats["chunks"])
@@ -202,7 +154,7 @@ def _clear_published(output: OutputSession, current: Provenance) -> None:
         staging.remove()
 
 
-def _stage_delta(run: _Run, store: StoreData, changes: Changes, fence: Fence | None
+def _stage_delta(run: RunContext, store: StoreData, changes: Changes, fence: Fence | None
                  ) -> tuple[Staging, Job, list[Partition], str]:
     """The staging area holding the delta table: reused when an interrupted run left the
     same delta on the same version, else started afresh."""
@@ -237,11 +189,10 @@ def _write_delta(file: Path, changes: Changes, partition_rows: int) -> None:
     tmp.replace(file)
 
 
-def _commit(run: _Run, store: StoreData, changes: Changes, staging: Staging,
-            parts: list[Partition], markers: list[dict[str, Any]], budget: int,
-            took_over_lock: str) -> Provenance:
+def _commit(ctx: RunContext, store: StoreData, changes: Changes, staging: Staging,
+            parts: list[Partition], totals: MarkerTotals, took_over_lock: str) -> Provenance:
     """Assemble and write the new version beside the current one, then publish it."""
-    job = run.job
+    job = ctx.job
     fmt, path, current = store.fmt, store.path, store.provenance
     staging.confirm("commit")
     fmt.drop_retired(path)  # versions before the current one: their readers had a run's time
@@ -256,45 +207,26 @@ def _commit(run: _Run, store: StoreData, changes: Changes, staging: Staging,
     assembled = Staging(path, ASSEMBLED)
     assembled.remove_parts()
     layout, stats = assemble(Assembly(job, changes, Source.of(store.docs, store.chunks), delta,
-                                      store.views, derived), assembled, budget)
+                                      store.views, derived), assembled, ctx.plan.budget)
     # fitted parameters never change in an update: new rows get the store's transform
     params = {name: fmt.read_params(path, name) for name in current.post}
     staging.confirm("write the new version")
     fmt.write_version(path, version, assembled, layout, params)
-    record = replace(_record(run, version, changes, markers), took_over_lock=took_over_lock)
-    provenance = _provenance(run, current, markers, record, stats, version)
+    # the history entry of this run (its wall time up to the switch)
+    record = run_record("incremental", version, ctx.started_at, ctx.identity, totals,
+                        ctx.elapsed(), took_over_lock, rows=changes.rows, added=changes.added,
+                        replaced=changes.replaced, unchanged=changes.unchanged,
+                        gone=changes.gone, pruned=changes.pruned, encoded=changes.encoded,
+                        copied=changes.copied)
+    provenance = replace(
+        current, run_fingerprint=ctx.fingerprint, job=job, model=ModelInfo(**ctx.model),
+        versions=software_versions(totals),
+        device=sorted(set(current.device) | set(totals.devices)),
+        dtype=sorted(set(current.dtype) | set(totals.dtypes)),
+        runtime=sorted(set(current.runtime) | set(totals.runtimes)),
+        created=now_iso(), stats=dict(stats), complete=True, input_identity=ctx.identity,
+        version=version, history=(*current.history, record))
     staging.confirm("publish the new version")
     fmt.publish(path, version, provenance.to_dict())
     staging.remove()
     return provenance
-
-
-def _provenance(run: _Run, current: Provenance, markers: list[dict[str, Any]],
-                record: RunRecord, stats: dict[str, int], version: int) -> Provenance:
-    import torch
-    import transformers
-
-    return replace(
-        current, run_fingerprint=run.fingerprint, job=run.job, model=ModelInfo(**run.model),
-        versions={"bertpipe": __version__, "torch": torch.__version__,
-                  "transformers": transformers.__version__, **runtime_versions(markers)},
-        device=sorted(set(current.device) | {m["device"] for m in markers}),
-        dtype=sorted(set(current.dtype) | {m["dtype"] for m in markers}),
-        runtime=sorted(set(current.runtime) | {m.get("runtime", "torch") for m in markers}),
-        created=now_iso(), stats=dict(stats), complete=True, input_identity=run.identity,
-        version=version, history=(*current.history, record))
-
-
-def _record(run: _Run, version: int, changes: Changes,
-            markers: list[dict[str, Any]]) -> RunRecord:
-    """The history entry of this run (its wall time up to the switch)."""
-    identity = run.identity
-    return RunRecord(
-        kind="incremental", started=run.started_at, version=version,
-        input_files=len(identity), input_rows=sum(f.rows for f in identity),
-        input_sha256=identity_sha256(identity),
-        rows=changes.rows, added=changes.added, replaced=changes.replaced,
-        unchanged=changes.unchanged, gone=changes.gone, pruned=changes.pruned,
-        encoded=changes.encoded, copied=changes.copied,
-        tokens=sum(int(m["n_encoded"]) for m in markers),
-        wall_s=round(time.perf_counter() - run.started, 3))

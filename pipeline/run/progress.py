@@ -19,6 +19,7 @@ from rich.progress import (
 from rich.progress import Progress as RichProgress
 
 from ..extract.source import Partition
+from ..stores.markers import PartitionMarker
 
 LOG_EVERY_S = 10.0
 
@@ -79,10 +80,10 @@ class Progress:
         self.running[part.index] = part.n_rows * done / max(total, 1)
         self._show(final=False)
 
-    def partition_done(self, part: Partition, marker: dict[str, Any]) -> None:
+    def partition_done(self, part: Partition, marker: PartitionMarker) -> None:
         self.running.pop(part.index, None)
         self.rows += part.n_rows
-        self.tokens += int(marker["n_tokens"])
+        self.tokens += marker.n_tokens
         self._show(final=self.rows == self.total_rows)
 
     def _show(self, final: bool) -> None:

@@ -1,11 +1,8 @@
-"""What a run reports and records: its summary (line and JSON form), the run fingerprint,
-the provenance and history entry of a finished run, and which staged markers a run may
-reuse."""
+"""What a run reports and records: its summary (line and JSON form), and the provenance
+and history entry of a finished run, built from its markers' totals."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -13,6 +10,7 @@ from typing import Any
 
 from ..extract.source import Partition
 from ..spec import Job
+from ..stores.markers import MarkerTotals, PartitionMarker
 from ..stores.provenance import (
     FORMAT_VERSION,
     InputFile,
@@ -104,30 +102,13 @@ class RunSummary:
                                     "pruned": self.pruned}}
 
 
-def run_fingerprint(job: Job, model: dict[str, Any]) -> str:
-    """What must match for a rerun to reuse parts: the job's content and the weights."""
-    blob = json.dumps({"job": job.fingerprint(), "weights": model["weights_sha256"]},
-                      sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()
-
-
-def reusable(marker: dict[str, Any], parts: Sequence[Partition]) -> bool:
-    """A marker stands for a planned partition: same index, row range and input file."""
-    index = marker.get("index")
-    if not isinstance(index, int) or not 0 <= index < len(parts):
-        return False
-    part = parts[index]
-    return (marker.get("rows") == [part.row_start, part.row_stop]
-            and marker.get("input") == part.footer_sha256)
-
-
-def collect(done: dict[int, dict[str, Any]], on_done: OnDone | None,
+def collect(done: dict[int, PartitionMarker], on_done: OnDone | None,
             summary: RunSummary) -> OnDone:
-    def record(part: Partition, marker: dict[str, Any]) -> None:
+    def record(part: Partition, marker: PartitionMarker) -> None:
         done[part.index] = marker
-        summary.tokens_run += int(marker["n_tokens"])
-        summary.devices = sorted({*summary.devices, str(marker.get("device", "?"))})
-        summary.dtypes = sorted({*summary.dtypes, str(marker.get("dtype", "?"))})
+        summary.tokens_run += marker.n_tokens
+        summary.devices = sorted({*summary.devices, marker.device})
+        summary.dtypes = sorted({*summary.dtypes, marker.dtype})
         if on_done:
             on_done(part, marker)
     return record
@@ -137,60 +118,55 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def build_provenance(job: Job, markers: Sequence[dict[str, Any]], model: dict[str, Any],
+def build_provenance(job: Job, totals: MarkerTotals, model: dict[str, Any],
                      fingerprint: str) -> Provenance:
     """The provenance of a finished run, still marked incomplete."""
-    import torch
-    import transformers
-
     return Provenance(
         format_version=FORMAT_VERSION,
         run_fingerprint=fingerprint,
         job=job,
         model=ModelInfo(**model),
-        versions={"bertpipe": __version__, "torch": torch.__version__,
-                  "transformers": transformers.__version__, **runtime_versions(markers)},
-        device=sorted({m["device"] for m in markers}),
-        dtype=sorted({m["dtype"] for m in markers}),
-        runtime=sorted({m.get("runtime", "torch") for m in markers}),
+        versions=software_versions(totals),
+        device=list(totals.devices),
+        dtype=list(totals.dtypes),
+        runtime=list(totals.runtimes),
         created=now_iso(),
         stats={
-            "rows": sum(m["rows"][1] - m["rows"][0] for m in markers),
-            "chunks": sum(m["n_chunks"] for m in markers),
-            "tokens": sum(m["n_tokens"] for m in markers),
-            "tokens_covered": sum(m["n_covered"] for m in markers),
-            "tokens_encoded": sum(m["n_encoded"] for m in markers),
-            "partitions": len(markers),
-            "partition_seconds": round(sum(m["seconds"] for m in markers), 3),
-            **({"tokens_stored": sum(m["n_stored_tokens"] for m in markers)}
-               if job.token_views else {}),
+            "rows": totals.rows,
+            "chunks": totals.chunks,
+            "tokens": totals.tokens,
+            "tokens_covered": totals.covered,
+            "tokens_encoded": totals.encoded_tokens,
+            "partitions": totals.partitions,
+            "partition_seconds": round(totals.seconds, 3),
+            **({"tokens_stored": totals.stored_tokens} if job.token_views else {}),
         },
         complete=False,
     )
 
 
-def runtime_versions(markers: Sequence[dict[str, Any]]) -> dict[str, str]:
-    """Versions of the optional runtimes that ran partitions (torch is always recorded)."""
+def software_versions(totals: MarkerTotals) -> dict[str, str]:
+    """bertpipe, torch, transformers and the optional runtimes that ran partitions."""
     from importlib.metadata import version
 
-    used = {m.get("runtime", "torch") for m in markers} - {"torch"}
-    return {name: version(name) for name in sorted(used)}
+    import torch
+    import transformers
+
+    return {"bertpipe": __version__, "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            **{name: version(name) for name in totals.runtimes if name != "torch"}}
 
 
-def encoded_rows(markers: Sequence[dict[str, Any]]) -> int:
-    """Distinct texts the partitions encoded (markers without the count encoded every row)."""
-    return sum(int(m.get("n_unique", m["rows"][1] - m["rows"][0])) for m in markers)
-
-
-def full_run_record(started: str, markers: Sequence[dict[str, Any]],
-                    identity: Sequence[InputFile], wall_s: float,
-                    took_over_lock: str = "") -> RunRecord:
-    """The history entry of a full run: every input row added."""
-    rows = sum(m["rows"][1] - m["rows"][0] for m in markers)
-    encoded = encoded_rows(markers)
+def run_record(kind: str, version: int, started: str, identity: Sequence[InputFile],
+               totals: MarkerTotals, wall_s: float, took_over_lock: str = "",
+               **rows: int) -> RunRecord:
+    """The history entry of a run: `rows` gives rows, added, replaced, unchanged, gone,
+    pruned, encoded and copied (a full run: every row added, from the markers)."""
+    if kind == "full":
+        rows = {"rows": totals.rows, "added": totals.rows, "replaced": 0, "unchanged": 0,
+                "gone": 0, "pruned": 0, "encoded": totals.distinct, "copied": totals.copied}
     return RunRecord(
-        kind="full", started=started, version=0, input_files=len(identity),
+        kind=kind, started=started, version=version, input_files=len(identity),
         input_rows=sum(f.rows for f in identity), input_sha256=identity_sha256(identity),
-        rows=rows, added=rows, replaced=0, unchanged=0, gone=0, pruned=0, encoded=encoded,
-        copied=rows - encoded, tokens=sum(int(m["n_encoded"]) for m in markers),
-        wall_s=round(wall_s, 3), took_over_lock=took_over_lock)
+        tokens=totals.encoded_tokens, wall_s=round(wall_s, 3), took_over_lock=took_over_lock,
+        **rows)

@@ -9,39 +9,29 @@ commits the store's final arrays and provenance when every partition has a marke
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import JobError, PartitionError, StoreError
-from ..extract.model import model_fingerprint
-from ..extract.preflight import preflight
-from ..extract.source import Partition, input_identity
+from ..errors import JobError, StoreError
+from ..extract.source import Partition
 from ..post.apply import fit_view
 from ..spec import Job, check_incremental
 from ..stores import Layout, Staging, format_named
 from ..stores.fs import check_reachable, register_options, resolve, storage_errors
+from ..stores.markers import MarkerTotals
 from ..stores.provenance import InputFile, RunRecord
-from .executors import Executor, InProcessExecutor, OnBatch, OnDone
+from .context import PartitionWork, RunContext, run_fingerprint, run_partitions
+from .executors import Executor, InProcessExecutor, OnDone, executor_for
 from .incremental import run_incremental
 from .output import OutputSession, Plan, assess, check_output_location
-from .record import (
-    OnPlan,
-    RunSummary,
-    build_provenance,
-    collect,
-    encoded_rows,
-    full_run_record,
-    now_iso,
-    reusable,
-    run_fingerprint,
-)
+from .record import OnPlan, RunSummary, build_provenance, run_record
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OnPlan", "RunSummary", "commit_store", "executor_for", "run_fingerprint",
+__all__ = ["InProcessExecutor", "OnPlan", "RunSummary", "commit_store", "executor_for",
+           "run_fingerprint",
            "run_job"]
 
 
@@ -78,35 +68,30 @@ def _run_job(job: Job, executor: Executor | None, on_done: OnDone | None, overwr
             # why not through to_dict: that form is redacted (literal credentials -> ***)
             job = replace(job, output=replace(job.output, incremental=True))
             check_incremental(job)  # the job key's own checks (id column, token views)
-        updated = run_incremental(job, executor or executor_for(job, say), on_done, on_plan,
-                                  job_file, prune, say, summary)
+    elif prune:
+        raise JobError("--prune: only with --incremental (or output.incremental: true)")
+    # everything checkable is checked before the store is touched (nothing is created on
+    # a job that cannot work), once for either kind of run
+    ctx = RunContext.of(job)
+    check_output_location(job, job_file)
+    if job.output.incremental:
+        updated = run_incremental(ctx, executor, on_done, on_plan, prune, say, summary)
         if updated is not None:
             return updated
-        return full_run(job, executor, on_done, False, on_plan, job_file, summary, say)
-    if prune:
-        raise JobError("--prune: only with --incremental (or output.incremental: true)")
-    return full_run(job, executor, on_done, overwrite, on_plan, job_file, summary, say)
+    return full_run(ctx, executor, on_done, overwrite, on_plan, summary, say)
 
 
-def full_run(job: Job, executor: Executor | None = None, on_done: OnDone | None = None,
+def full_run(ctx: RunContext, executor: Executor | None, on_done: OnDone | None = None,
              overwrite: bool = False, on_plan: OnPlan | None = None,
-             job_file: str | Path | None = None, summary: RunSummary | None = None,
-             say: Callable[[str], None] = log.info) -> RunSummary:
+             summary: RunSummary | None = None, say: Callable[[str], None] = log.info
+             ) -> RunSummary:
     """A run over the whole input into a new, replaced or resumed store."""
-    started = time.perf_counter()
-    started_at = now_iso()
-    # everything checkable is checked before the store is touched (nothing is created on
-    # a job that cannot work)
-    parts = preflight(job).partitions
-    identity = input_identity(job.input)
-    model = model_fingerprint(job.model.path)
-    fingerprint = run_fingerprint(job, model)
-    check_output_location(job, job_file)
+    job, parts = ctx.job, ctx.parts
     # a wrong credential or an unreachable endpoint fails here, before anything is made
     check_reachable(resolve(job.output.path), "output.path", StoreError)
-    plan = Plan(fingerprint, identity, job.execution.partition_rows)
+    plan = Plan(ctx.fingerprint, ctx.identity, job.execution.partition_rows)
     overwrite = overwrite or job.output.overwrite
-    output = OutputSession(job.output.path, fingerprint, say)
+    output = OutputSession(job.output.path, ctx.fingerprint, say)
     output.refuse_if_locked()
     summary = summary or RunSummary(job.output.path)
     summary.partitions = len(parts)
@@ -114,55 +99,48 @@ def full_run(job: Job, executor: Executor | None = None, on_done: OnDone | None 
     if assess(job, plan, overwrite)[0] == "complete":
         summary.already_complete = True
         return summary
-    if executor is None:
-        executor = executor_for(job)
+    executor = executor or executor_for(job, say)
     with executor, output:
         staging = output.prepare(job, plan, overwrite)
         if staging is None:
             summary.already_complete = True
             return summary
-        done = {i: m for i, m in staging.done(fingerprint).items() if reusable(m, parts)}
-        pending = [p for p in parts if p.index not in done]
-        summary.skipped = len(parts) - len(pending)
-        if on_plan:
-            on_plan(parts, pending)
-        failures = executor.run(job, pending, staging, fingerprint,
-                                collect(done, on_done, summary))
-        output.confirm("commit")  # fencing: a run taken over while paused stops here
-        summary.wall_s = time.perf_counter() - started
-        summary.run = len(pending) - len(failures)
-        summary.failed = [f"partition {p.index} (rows {p.row_start}-{p.row_stop - 1}; "
-                          f"{Path(p.file).name} rows {p.file_offset}-"
-                          f"{p.file_offset + p.n_rows - 1}): {msg}" for p, msg in failures]
-        if failures:
-            raise PartitionError(f"{len(failures)} of {len(parts)} partitions failed, the "
-                                 f"others are kept for a rerun; first: {summary.failed[0]}")
-        markers = [done[p.index] for p in parts]
-        record = full_run_record(started_at, markers, identity, time.perf_counter() - started,
-                                 output.took_over)
-        commit_store(job, staging, parts, markers, model, fingerprint, identity, record)
+        work = PartitionWork(job, parts, staging, ctx.fingerprint, describe=_partition_named)
+        try:
+            markers = run_partitions(work, executor, output, summary, on_done, on_plan)
+        finally:
+            summary.wall_s = ctx.elapsed()
+        totals = MarkerTotals.of(markers)
+        record = run_record("full", 0, ctx.started_at, ctx.identity, totals, ctx.elapsed(),
+                            output.took_over)
+        commit_store(job, staging, parts, totals, ctx.model, ctx.fingerprint, ctx.identity,
+                     record)
     summary.rows = summary.added = parts[-1].row_stop
-    summary.chunks = sum(m["n_chunks"] for m in markers)
-    summary.tokens = sum(m["n_tokens"] for m in markers)
-    summary.encoded = encoded_rows(markers)
+    summary.chunks = totals.chunks
+    summary.tokens = totals.tokens
+    summary.encoded = totals.distinct
     summary.copied = summary.rows - summary.encoded
-    summary.wall_s = time.perf_counter() - started
+    summary.wall_s = ctx.elapsed()
     return summary
 
 
-def commit_store(job: Job, staging: Staging, parts: Sequence[Partition],
-                 markers: Sequence[dict[str, Any]], model: dict[str, Any],
-                 fingerprint: str, identity: tuple[InputFile, ...] = (),
-                 record: RunRecord | None = None) -> None:
+def _partition_named(p: Partition) -> str:
+    return (f"partition {p.index} (rows {p.row_start}-{p.row_stop - 1}; {Path(p.file).name} "
+            f"rows {p.file_offset}-{p.file_offset + p.n_rows - 1})")
+
+
+def commit_store(job: Job, staging: Staging, parts: Sequence[Partition], totals: MarkerTotals,
+                 model: dict[str, Any], fingerprint: str,
+                 identity: tuple[InputFile, ...] = (), record: RunRecord | None = None) -> None:
     layout = Layout(
         indices=[p.index for p in parts],
         n_docs=parts[-1].row_stop,
-        n_chunks=sum(m["n_chunks"] for m in markers),
+        n_chunks=totals.chunks,
         has_chunks="chunks" in job.output.levels,
-        n_tokens=sum(m.get("n_stored_tokens", 0) for m in markers),
+        n_tokens=totals.stored_tokens,
         has_tokens=bool(job.token_views),
     )
-    provenance = replace(build_provenance(job, markers, model, fingerprint),
+    provenance = replace(build_provenance(job, totals, model, fingerprint),
                          input_identity=identity, history=(record,) if record else ())
     fmt = format_named(job.output.format)
     path = job.output.path
@@ -180,21 +158,3 @@ def commit_store(job: Job, staging: Staging, parts: Sequence[Partition],
     staging.confirm("mark the store complete")
     fmt.update_provenance(path, replace(provenance, complete=True).to_dict())
     staging.remove()
-
-
-
-def executor_for(job: Job, say: Callable[[str], None] = log.info,
-                 on_batch: OnBatch | None = None) -> Executor:
-    """In-process for `synchronous`, else Dask (imported only then: it is slow to import)."""
-    scheduler = job.execution.scheduler
-    if scheduler == "synchronous":
-        return InProcessExecutor(on_batch=on_batch)
-    if scheduler != "local" and "://" not in scheduler:
-        raise JobError(f"execution.scheduler: {scheduler!r} is not local, synchronous or a "
-                       "scheduler address like tcp://host:8786")
-    from .dask_executor import DaskExecutor  # why here: importing distributed costs ~1 s
-
-    executor = DaskExecutor(scheduler, job.execution.workers, job.execution.threads_per_worker,
-                            say)
-    executor.on_batch = on_batch
-    return executor

@@ -17,7 +17,7 @@ import contextlib
 import hashlib
 import io
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from .fs import Location, resolve
 from .lock import Fence
+from .markers import PartitionMarker
 
 STAGING_DIR = "_bertpipe"
 LEVELS = ("docs", "chunks", "tokens")
@@ -71,9 +72,9 @@ class Staging:
         """Marker files present, whatever run wrote them."""
         return self.parts.glob("*.done.json")
 
-    def write_part(self, index: int, tables: dict[str, pa.Table | None],
-                   marker: dict[str, Any]) -> dict[str, Any]:
-        """Write the part files, then the marker that says they are whole."""
+    def write_tables(self, index: int, tables: Mapping[str, pa.Table | None]
+                     ) -> dict[str, str]:
+        """Write a partition's part files (each whole); their SHA-256 by level."""
         self.confirm(f"write partition {index}")
         checksums = {}
         for level, table in tables.items():
@@ -85,24 +86,29 @@ class Staging:
             data = buffer.getvalue()
             self.part(index, level).write_bytes(data)
             checksums[level] = hashlib.sha256(data).hexdigest()
-        marker = {**marker, "index": index, "sha256": checksums}
-        self.confirm(f"mark partition {index} done")  # again: writing takes time
-        self.marker(index).write_json(marker)
-        return marker
+        return checksums
 
-    def done(self, fingerprint: str) -> dict[int, dict[str, Any]]:
+    def write_part(self, marker: PartitionMarker, tables: Mapping[str, pa.Table | None]
+                   ) -> PartitionMarker:
+        """Write the part files, then the marker that says they are whole."""
+        sealed = marker.sealed(self.write_tables(marker.index, tables))
+        self.confirm(f"mark partition {marker.index} done")  # again: writing takes time
+        self.marker(marker.index).write_json(sealed.to_dict())
+        return sealed
+
+    def done(self, fingerprint: str) -> dict[int, PartitionMarker]:
         """Markers of finished partitions whose parts are intact and from this run."""
         found = {}
         for path in self.markers():
             try:
-                marker = json.loads(path.read_bytes())
+                marker = PartitionMarker.from_dict(json.loads(path.read_bytes()))
             except (ValueError, FileNotFoundError):
                 continue  # a marker is written whole; a damaged one is not trusted
-            if not isinstance(marker, dict) or marker.get("fingerprint") != fingerprint:
+            if marker.fingerprint != fingerprint:
                 continue
-            if all(self._intact(marker["index"], level, digest)
-                   for level, digest in marker["sha256"].items()):
-                found[int(marker["index"])] = marker
+            if all(self._intact(marker.index, level, digest)
+                   for level, digest in marker.sha256.items()):
+                found[marker.index] = marker
         return found
 
     def _intact(self, index: int, level: str, digest: str) -> bool:

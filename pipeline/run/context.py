@@ -1,0 +1,118 @@
+"""What every run computes once before it touches a store, and the one loop over partitions.
+
+A full run and an incremental run differ only in what they plan (the whole input, or the
+texts that changed) and how they commit (a new store, or a new version). Everything else
+is here: `RunContext` (the checked plan, the input's identity, the model's fingerprint and
+the run fingerprint reused markers must carry, each computed once), and `run_partitions`
+(reuse what a killed run left, run the rest on an executor, stop if another run took the
+lock over, and say which partitions failed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import PartitionError
+from ..extract.model import model_fingerprint
+from ..extract.preflight import Plan as CheckedPlan
+from ..extract.preflight import preflight
+from ..extract.source import Partition, input_identity
+from ..spec import Job
+from ..stores import Staging
+from ..stores.markers import PartitionMarker
+from ..stores.provenance import InputFile
+from .executors import Executor, OnDone
+from .output import OutputSession
+from .record import OnPlan, RunSummary, collect, now_iso
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """A run's job and what was computed of it once: the checked plan (model config,
+    views, partitions), the input's identity, the model's weights digest and the run
+    fingerprint, with when the run started."""
+
+    job: Job
+    plan: CheckedPlan
+    identity: tuple[InputFile, ...]
+    model: dict[str, Any]
+    fingerprint: str
+    started: float = field(default_factory=time.perf_counter)  # for wall times
+    started_at: str = field(default_factory=now_iso)  # for the history
+
+    @classmethod
+    def of(cls, job: Job) -> RunContext:
+        """Check the job (nothing is written) and fingerprint its input and model."""
+        started = time.perf_counter()
+        plan = preflight(job)
+        model = model_fingerprint(job.model.path)  # the weights are hashed here only
+        return cls(job, plan, input_identity(job.input), model, run_fingerprint(job, model),
+                   started)
+
+    @property
+    def parts(self) -> list[Partition]:
+        return self.plan.partitions
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+
+def run_fingerprint(job: Job, model: dict[str, Any]) -> str:
+    """What must match for a rerun to reuse parts: the job's content and the weights."""
+    blob = json.dumps({"job": job.fingerprint(), "weights": model["weights_sha256"]},
+                      sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def reusable(marker: PartitionMarker, parts: Sequence[Partition]) -> bool:
+    """A marker stands for a planned partition: same index, row range and input file."""
+    if not 0 <= marker.index < len(parts):
+        return False
+    part = parts[marker.index]
+    return marker.rows == (part.row_start, part.row_stop) and \
+        marker.input == part.footer_sha256
+
+
+@dataclass(frozen=True)
+class PartitionWork:
+    """Partitions to run for one staging area: `job` is what the executor encodes (the
+    run's job, or an incremental run's delta), `fingerprint` what markers carry, `label`
+    how the partitions are named in messages and `describe` names one of them."""
+
+    job: Job
+    parts: Sequence[Partition]
+    staging: Staging
+    fingerprint: str
+    label: str = "partitions"
+    describe: Callable[[Partition], str] = lambda p: f"partition {p.index}"
+    unchanged: str = ""  # what a failure leaves as it was, said in its message
+
+
+def run_partitions(work: PartitionWork, executor: Executor, output: OutputSession,
+                   summary: RunSummary, on_done: OnDone | None = None,
+                   on_plan: OnPlan | None = None) -> list[PartitionMarker]:
+    """Every partition's marker, in order: reused when a killed run left it intact and it
+    matches the plan, else encoded now. PartitionError (exit 6) names the failed ones, the
+    others are kept for a rerun; LockLostError (exit 5) when another run took over."""
+    parts = work.parts
+    done = {i: m for i, m in work.staging.done(work.fingerprint).items()
+            if reusable(m, parts)}
+    pending = [p for p in parts if p.index not in done]
+    summary.partitions = len(parts)
+    summary.skipped = len(parts) - len(pending)
+    if on_plan:
+        on_plan(parts, pending)
+    failures = executor.run(work.job, pending, work.staging, work.fingerprint,
+                            collect(done, on_done, summary))
+    output.confirm("commit")  # fencing: a run taken over while paused stops here
+    summary.run = len(pending) - len(failures)
+    summary.failed = [f"{work.describe(p)}: {msg}" for p, msg in failures]
+    if failures:
+        raise PartitionError(f"{len(failures)} of {len(parts)} {work.label} failed, the others "
+                             f"are kept for a rerun{work.unchanged}; first: {summary.failed[0]}")
+    return [done[p.index] for p in parts]
