@@ -56,7 +56,7 @@ def extract(job: Path, env: dict[str, str]) -> dict[str, float]:
 
 
 def upload(local: Path, url: str) -> None:
-    from pipeline.stores.fs import resolve
+    from pipeline.io.location import resolve
 
     resolve(url).write_bytes(local.read_bytes())
 

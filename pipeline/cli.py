@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import click
 
 from .errors import BertpipeError, OptionError, StoreError
+from .io.location import is_url, storage_errors
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -28,8 +29,7 @@ def _user_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             store = kwargs.get("store_path")
-            if isinstance(store, str) and "://" in store:
-                from .stores.fs import storage_errors
+            if isinstance(store, str) and is_url(store):
 
                 with storage_errors(store, "store", StoreError):
                     return fn(*args, **kwargs)
@@ -43,7 +43,7 @@ def _user_errors(fn: F) -> F:
 
 def _scrubbed(text: str) -> str:
     """A message without any secret of the storage options or the environment."""
-    from .stores.fs import scrub
+    from .io.location import scrub
 
     return scrub(text)
 
@@ -83,7 +83,9 @@ Exit codes:
   3  input table or probe labels unusable (InputError, ProbeError: names the file,
      column or row)
   4  model cannot be loaded or lacks what a view needs (ModelError)
-  5  store missing, incomplete, damaged, of another job or newer format (StoreError)
+  5  store missing, incomplete, damaged, of another job or newer format, or locked by
+     a live run (StoreError); this run's lock taken over while it was paused
+     (LockLostError)
   6  partitions failed; the others are kept for a rerun (PartitionError)
   7  scheduler unreachable (SchedulerError)
   8  object store unreachable: endpoint refused, unknown or silent (EndpointError)"""
@@ -268,12 +270,12 @@ def unlock(store_path: str) -> None:
     Example:
       bertpipe unlock out/reviews.zarr
     """
-    from .stores.fs import resolve
+    from .io.location import resolve
     from .stores.lock import StoreLock
 
     if not resolve(store_path).exists():  # a mistyped path must not read as "not locked"
         raise StoreError(f"{store_path}: no such store")
-    lock = StoreLock(store_path if "://" in store_path else os.path.realpath(store_path))
+    lock = StoreLock(store_path if is_url(store_path) else os.path.realpath(store_path))
     holder = lock.holder()
     if holder is None:
         click.echo(f"{store_path}: not locked")
@@ -482,7 +484,7 @@ def _beside(store_path: str, suffix: str) -> str:
     """A local folder named after the store: beside it, or for a URL in the working
     directory (reports are local files)."""
     path = store_path.rstrip("/")
-    return (path.rsplit("/", 1)[-1] if "://" in path else path) + suffix
+    return (path.rsplit("/", 1)[-1] if is_url(path) else path) + suffix
 
 
 def _int_list(text: str, option: str) -> list[int]:

@@ -20,6 +20,7 @@ import jsonschema
 import yaml
 
 from .errors import JobError
+from .io.location import is_url, local_path, redacted_options
 
 # The schemas ship inside the package (an installed wheel has no source tree); the
 # top-level schemas/ is their source, and a test keeps the two copies identical.
@@ -441,7 +442,7 @@ def _check_consistency(job: Job) -> None:
                            "pooling: tokens view stores token vectors only; drop post")
     check_incremental(job)
     for section, spec in (("input", job.input), ("output", job.output)):
-        if spec.storage_options and "://" not in spec.path:
+        if spec.storage_options and not is_url(spec.path):
             raise JobError(f"{section}.storage_options: only used with a URL {section}.path "
                            "(s3://, gs://, abfs://, ...)")
     c = job.chunking
@@ -463,7 +464,7 @@ def check_incremental(job: Job) -> None:
     if job.output.overwrite:
         raise JobError("output.incremental: an incremental run adds to the store, "
                        "output.overwrite replaces it; choose one")
-    if "://" in job.output.path:
+    if is_url(job.output.path):
         raise JobError("output.incremental: incremental runs update local or shared-filesystem "
                        "stores only, not object-store URLs; run the job in full (--overwrite)")
     if job.token_views:
@@ -472,32 +473,10 @@ def check_incremental(job: Job) -> None:
                        "or run the job in full (--overwrite)")
 
 
-# A storage option `${NAME}`: the value of environment variable NAME where it is used.
-OPTION_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
-REDACTED = "***"
-
-
-def redacted_options(options: dict[str, Any]) -> dict[str, Any]:
-    """What may be written down of storage options: `${NAME}` references, numbers and
-    booleans as given; every other string replaced by `***` (it may be a secret)."""
-    out: dict[str, Any] = {}
-    for name, value in options.items():
-        if isinstance(value, dict):
-            out[name] = redacted_options(value)
-        elif isinstance(value, list):
-            out[name] = [REDACTED if isinstance(v, str) and not OPTION_REFERENCE.match(v)
-                         else v for v in value]
-        elif isinstance(value, str) and not OPTION_REFERENCE.match(value):
-            out[name] = REDACTED
-        else:
-            out[name] = value
-    return out
-
-
 def _absolute(path: str, base: Path) -> str:
-    if "://" in path:  # fsspec URL: leave as is
+    if is_url(path):  # fsspec URL: leave as is
         return path
-    return str((base / Path(path).expanduser()).resolve())
+    return str((base / Path(local_path(path)).expanduser()).resolve())
 
 
 def _model_path(path: str, base: Path) -> str:

@@ -29,7 +29,7 @@ from click.testing import CliRunner, Result
 
 from pipeline.cli import main
 from pipeline.errors import InputError, StoreError
-from pipeline.stores import fs as storefs
+from pipeline.io import location as storefs
 from tests.conftest import REPO, REVIEWS, job_dict, write_job
 from tests.s3server import environment, make_bucket, moto_server
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import BertpipeError, OptionError, StoreError
 from ..fileutil import write_json_atomic
+from ..io.location import is_url
 from ..post.geometry import unit_rows
 from ..stores.opened import StoreData as Store
 
@@ -49,7 +50,7 @@ def build_index(store: Store, view: str, level: str = "docs", nprobe: int = 16,
     documents, whose vectors are NaN, are left out and so never returned)."""
     if nprobe < 1:
         raise OptionError(f"--nprobe: {nprobe}; scan at least 1 list per query")
-    if "://" in store.path:
+    if is_url(store.path):
         raise StoreError(f"{store.path}: an index is a local FAISS file beside the store; copy "
                          "the store to a local folder to index it (search on a remote store "
                          "scans it exactly)")
@@ -86,7 +87,7 @@ def build_index(store: Store, view: str, level: str = "docs", nprobe: int = 16,
 
 def load_index(store: Store, view: str, level: str) -> Any | None:
     """The saved index for this view, or None when absent or built from other data."""
-    if "://" in store.path:
+    if is_url(store.path):
         return None  # indexes are built on local stores only
     path, meta = index_paths(store, view, level)
     if not path.exists() or not meta.exists():

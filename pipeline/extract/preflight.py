@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass
 
 from ..errors import InputError, JobError, ModelError, StoreError
+from ..io.location import is_url, references, resolve, storage_errors
 from ..spec import Job
-from ..stores.fs import is_url, references, resolve, storage_errors
 from .chunking import Specials, content_budget
 from .model import (
     has_pooler_weights,

@@ -22,8 +22,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import InputError, first_line
+from ..io.location import Location, is_url, normalize_url, resolve, storage_errors
 from ..spec import InputSpec
-from ..stores.fs import Location, is_url, normalize_url, resolve, storage_errors
 from ..stores.provenance import InputFile
 
 Options = dict[str, Any] | None  # input.storage_options

@@ -29,9 +29,9 @@ from distributed import WorkerPlugin
 from ..errors import BertpipeError, JobError, SchedulerError, first_line
 from ..extract.partition import Extractor
 from ..extract.source import Partition
+from ..io.location import register_options
 from ..spec import Job
 from ..stores import Staging
-from ..stores.fs import register_options
 from ..stores.lock import Fence, LockLostError
 from .executors import (
     Encoded,

@@ -22,9 +22,9 @@ import pyarrow as pa
 from ..errors import BertpipeError, JobError
 from ..extract.partition import Extractor
 from ..extract.source import Partition
+from ..io.location import scrub
 from ..spec import Job
 from ..stores import Staging
-from ..stores.fs import scrub
 from ..stores.lock import LockLostError
 from ..stores.markers import PartitionMarker
 
@@ -151,7 +151,7 @@ def executor_for(job: Job, say: Callable[[str], None] = log.info,
     scheduler = job.execution.scheduler
     if scheduler == "synchronous":
         return InProcessExecutor(on_batch=on_batch)
-    if scheduler != "local" and "://" not in scheduler:
+    if scheduler != "local" and "://" not in scheduler:  # a scheduler address, not a path
         raise JobError(f"execution.scheduler: {scheduler!r} is not local, synchronous or a "
                        "scheduler address like tcp://host:8786")
     from .dask_executor import DaskExecutor  # why here: importing distributed costs ~1 s

@@ -22,9 +22,9 @@ from typing import Any
 
 from ..errors import StoreError
 from ..extract.source import list_files
+from ..io.location import Location, is_url, local_path, normalize_url, resolve
 from ..spec import Job
 from ..stores import Staging, format_named
-from ..stores.fs import Location, is_url, normalize_url, resolve
 from ..stores.lock import StoreLock
 from ..stores.ownership import Contents, inspect_output, remove_store
 from ..stores.provenance import InputFile, fingerprint_of, input_change, input_identity_of
@@ -44,8 +44,7 @@ def place(path: str) -> tuple[str, PurePosixPath]:
     if is_url(path):
         scheme, key = normalize_url(path).split("://", 1)
         return SCHEME_ALIASES.get(scheme, scheme), PurePosixPath("/" + key)
-    local = path[len("file://"):] if path.startswith("file://") else path
-    return "file", PurePosixPath(Path(local).resolve())
+    return "file", PurePosixPath(Path(local_path(path)).resolve())
 
 
 def check_output_location(job: Job, job_file: str | Path | None = None) -> None:

@@ -16,10 +16,10 @@ from typing import Any
 
 from ..errors import JobError, StoreError
 from ..extract.source import Partition
+from ..io.location import check_reachable, register_options, resolve, storage_errors
 from ..post.apply import fit_view
 from ..spec import Job, check_incremental
 from ..stores import Layout, Staging, format_named
-from ..stores.fs import check_reachable, register_options, resolve, storage_errors
 from ..stores.markers import MarkerTotals
 from ..stores.provenance import InputFile, RunRecord
 from .context import PartitionWork, RunContext, run_fingerprint, run_partitions

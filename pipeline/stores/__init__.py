@@ -2,7 +2,7 @@
 into, the typed provenance, and opening a finished store (`open_store`).
 
 The formats (and zarr, xarray and dask with them) are imported on first use: a module
-that needs only `stores.fs` or `stores.lock` does not pay for them.
+that needs only `stores.lock` (or `io.location`) does not pay for them.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError
-from .fs import resolve
+from ..io.location import resolve
 
 if TYPE_CHECKING:
     from .base import Layout, StoreFormat

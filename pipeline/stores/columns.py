@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import StoreError
-from .fs import Location, resolve
+from ..io.location import Location, resolve
 
 MISSING_STRING = "\u2400"  # ␀, SYMBOL FOR NULL
 MISSING_ATTRIBUTE = "missing_value"  # the CF attribute xarray masks on

@@ -23,7 +23,7 @@ from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
 from ..errors import StoreError
-from .fs import Location, resolve
+from ..io.location import Location, resolve
 from .provenance import FileSum
 
 CHUNK_DIR = "/c/"  # Zarr v3's default chunk key encoding: <array>/c/<i>/<j>

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoreError
-from .fs import Location, resolve
+from ..io.location import Location, resolve
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ import numpy as np
 import xarray as xr
 
 from ..errors import StoreError
+from ..io.location import register_options, resolve, storage_errors
 from . import detect_format
 from .base import StoreFormat
-from .fs import register_options, resolve, storage_errors
 from .provenance import Provenance, version_of
 from .staging import STAGING_DIR
 from .verify import check_sizes

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import StoreError
-from .fs import Location, resolve
+from ..io.location import Location, resolve
 from .lock import LOCK_NAME
 from .staging import STAGING_DIR
 

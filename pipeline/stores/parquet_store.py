@@ -42,9 +42,9 @@ import pyarrow.parquet as pq
 import xarray as xr
 
 from ..errors import StoreError
+from ..io.location import Location, resolve
 from .base import Layout, column_matrix, with_store_token_offsets
 from .columns import StoredColumns, has_nulls, numpy_dtype, to_numpy
-from .fs import Location, resolve
 from .integrity import file_sum, parquet_data_size
 from .provenance import FileSum, is_complete, sealed, version_of
 from .staging import STAGING_DIR, Staging

@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .fs import Location, resolve
+from ..io.location import Location, resolve
 from .lock import Fence
 from .markers import PartitionMarker
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import StoreError
+from ..io.location import resolve
 from . import detect_format
 from .base import StoreFormat
-from .fs import resolve
 from .integrity import describe, size_problem, sum_problem, where
 from .provenance import Provenance, is_complete, recorded_checksums
 

@@ -41,9 +41,9 @@ from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore
 
 from ..errors import StoreError
+from ..io.location import Location, filesystem, protocol_of, resolve
 from .base import Layout, column_matrix, with_store_token_offsets
 from .columns import MISSING_ATTRIBUTE, StoredColumns, strings_as_objects
-from .fs import Location, filesystem, protocol_of, resolve
 from .integrity import VerifiedStore, file_sum
 from .provenance import FileSum, is_complete, recorded_checksums, sealed, version_of
 from .staging import Staging

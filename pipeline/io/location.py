@@ -14,7 +14,7 @@ botocore, `GOOGLE_*` by gcsfs, `AZURE_STORAGE_*` by adlfs), then the options a j
 (`input.storage_options`, `output.storage_options`) or that a process registers for a URL
 prefix (`register_options`). A string value `${NAME}` is read from the environment of the
 process that opens the filesystem, the client or a worker. Secrets are never written:
-a job records its options redacted (`spec.redacted_options`), and `scrub` takes them out
+a job records its options redacted (`redacted_options`), and `scrub` takes them out
 of any message.
 """
 
@@ -35,7 +35,6 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from ..errors import BertpipeError, EndpointError, JobError, first_line
-from ..spec import OPTION_REFERENCE, REDACTED
 
 # Defaults per protocol, under the environment and the job. Why these for S3: botocore
 # waits 60 s to connect and retries with backoff, so an unreachable endpoint hangs a job
@@ -61,9 +60,38 @@ _guard = threading.Lock()
 
 
 def is_url(path: str | Path) -> bool:
-    """A URL that fsspec resolves (anything with `://` but `file://`)."""
+    """A URL that fsspec resolves (anything with `://` but `file://`): the one test of
+    whether a path names an object store or the local file system."""
     text = str(path)
     return "://" in text and not text.startswith("file://")
+
+
+def local_path(path: str | Path) -> str:
+    """A local path as given, without a `file://` scheme."""
+    text = str(path)
+    return text[len("file://"):] if text.startswith("file://") else text
+
+
+# A storage option `${NAME}`: the value of environment variable NAME where it is used.
+OPTION_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+REDACTED = "***"
+
+
+def redacted_options(options: dict[str, Any]) -> dict[str, Any]:
+    """What may be written down of storage options: `${NAME}` references, numbers and
+    booleans as given; every other string replaced by `***` (it may be a secret)."""
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if isinstance(value, dict):
+            out[name] = redacted_options(value)
+        elif isinstance(value, list):
+            out[name] = [REDACTED if isinstance(v, str) and not OPTION_REFERENCE.match(v)
+                         else v for v in value]
+        elif isinstance(value, str) and not OPTION_REFERENCE.match(value):
+            out[name] = REDACTED
+        else:
+            out[name] = value
+    return out
 
 
 def protocol_of(url: str) -> str:
@@ -328,9 +356,7 @@ def resolve(path: str | Path, options: Mapping[str, Any] | None = None,
             key: str = "storage_options") -> Location:
     """The Location of `path`: a local path (made absolute) or an fsspec URL. `options` are
     the job's storage options for it; without them, those registered for its prefix."""
-    text = str(path)
-    if text.startswith("file://"):
-        text = text[len("file://"):]
+    text = local_path(path)
     if not is_url(text):
         from fsspec.implementations.local import LocalFileSystem
 
