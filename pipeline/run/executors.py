@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from ..errors import BertpipeError
+from ..errors import BertpipeError, PartitionError, UnreadableInputError
 from ..extract.partition import Extractor
 from ..extract.source import Partition
 from ..spec import Job
@@ -84,12 +84,34 @@ def stage_partition(staging: Staging, encoded: Encoded) -> dict[str, Any]:
     return staging.write_part(encoded.part.index, encoded.tables, encoded.marker)
 
 
-def failure_reason(exc: BaseException) -> str:
+class Reason(str):
+    """A failed partition's one line; `unreadable_input` when the input's own bytes could
+    not be read (a damaged page), which a rerun cannot cure."""
+
+    unreadable_input = False
+
+
+def failure_reason(exc: BaseException) -> Reason:
     """One line for a failed partition, the same whichever executor ran it."""
     if isinstance(exc, BertpipeError):
-        return scrub(str(exc))
+        reason = Reason(scrub(str(exc)))
+        reason.unreadable_input = isinstance(exc, UnreadableInputError)
+        return reason
     first = scrub((str(exc).strip().splitlines() or [""])[0])
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return Reason(f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
+
+
+def failed(failures: Failures, total: int, first: str) -> BertpipeError:
+    """The run's error for its failed partitions (`first`: the first, as described): the
+    input's (exit 3) when part of the input cannot be read, since a rerun would fail alike
+    until the file is replaced; else a PartitionError (exit 6: worth a rerun)."""
+    unreadable = [reason for _, reason in failures if getattr(reason, "unreadable_input", False)]
+    if unreadable:
+        return UnreadableInputError(
+            f"{unreadable[0]}; {len(failures)} of {total} partitions failed, the others are "
+            "kept: replace or repair the file, then rerun (finished partitions are skipped)")
+    return PartitionError(f"{len(failures)} of {total} partitions failed, the others are "
+                          f"kept for a rerun; first: {first}")
 
 
 class InProcessExecutor:

@@ -15,16 +15,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import JobError, PartitionError, StoreError
+from ..errors import JobError, StoreError
 from ..extract.model import model_fingerprint
 from ..extract.preflight import preflight
 from ..extract.source import Partition, input_identity
 from ..post.apply import fit_view
 from ..spec import Job
 from ..stores import Layout, Staging, format_named
-from ..stores.fs import check_reachable, register_options, resolve, storage_errors
+from ..stores.fs import (
+    check_reachable,
+    disk_full_errors,
+    register_options,
+    resolve,
+    storage_errors,
+)
 from ..stores.provenance import InputFile, RunRecord
-from .executors import Executor, InProcessExecutor, OnBatch, OnDone
+from .executors import Executor, InProcessExecutor, OnBatch, OnDone, failed
 from .incremental import run_incremental
 from .output import OutputSession, Plan, assess, check_output_location
 from .record import (
@@ -62,7 +68,8 @@ def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None =
     8, or 3 for the input and 5 for the store), wherever in the run it happens."""
     # the formats and verify get only the store's path: they find its options by it
     register_options(job.output.path, job.output.storage_options)
-    with storage_errors(job.output.path, "output.path", StoreError):
+    with storage_errors(job.output.path, "output.path", StoreError), \
+            disk_full_errors(job.output.path, "output.path", StoreError):
         return _run_job(job, executor, on_done, overwrite, on_plan, job_file, summary,
                         incremental, prune, say)
 
@@ -133,8 +140,7 @@ def full_run(job: Job, executor: Executor | None = None, on_done: OnDone | None 
                           f"{Path(p.file).name} rows {p.file_offset}-"
                           f"{p.file_offset + p.n_rows - 1}): {msg}" for p, msg in failures]
         if failures:
-            raise PartitionError(f"{len(failures)} of {len(parts)} partitions failed, the "
-                                 f"others are kept for a rerun; first: {summary.failed[0]}")
+            raise failed(failures, len(parts), summary.failed[0])
         markers = [done[p.index] for p in parts]
         record = full_run_record(started_at, markers, identity, time.perf_counter() - started)
         commit_store(job, staging, parts, markers, model, fingerprint, identity, record)
