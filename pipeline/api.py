@@ -49,11 +49,16 @@ class TokenVectors:
 
 class Store(StoreData):
     def row_of(self, id_value: object) -> int:
-        """The row of the document whose id is `id_value` (the first, if repeated)."""
+        """The row of the document whose id is `id_value`. An id that names several rows
+        (a job with `input.unique_ids: false`) is refused as ambiguous, never guessed."""
         ids = np.asarray(self.docs["id"].values)
         found = np.flatnonzero(ids == id_value)
         if not len(found):
             raise StoreError(f"{self.path}: no document with id {id_value!r}")
+        if len(found) > 1:
+            rows = ", ".join(str(r) for r in found[:5]) + (", ..." if len(found) > 5 else "")
+            raise StoreError(f"{self.path}: id {id_value!r} is ambiguous: it names "
+                             f"{len(found)} rows ({rows}); select by row number instead")
         return int(found[0])
 
     def tokens(self, view: str, row_or_id: int | str) -> TokenVectors:

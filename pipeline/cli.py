@@ -80,8 +80,8 @@ Exit codes:
   0  success
   1  any other error
   2  job file or option invalid (JobError, OptionError: names the key or option)
-  3  input table or probe labels unusable (InputError, ProbeError: names the file,
-     column or row)
+  3  input table or probe labels unusable (InputError, UnreadableInputError,
+     ProbeError: names the file, column or row)
   4  model cannot be loaded or lacks what a view needs (ModelError)
   5  store missing, incomplete, damaged, of another job or newer format, or locked by
      a live run (StoreError); this run's lock taken over while it was paused
@@ -141,13 +141,20 @@ def validate(job_file: str, overrides: tuple[str, ...], schema_only: bool) -> No
     from .spec import load_job
 
     job = load_job(job_file, overrides)
+    checked = None if schema_only else _checked_before_writing(job, job_file)
+    # "valid" only once every check has passed: a script may stop reading at that word
     click.echo(f"{job_file}: valid ({len(job.views)} views: "
                f"{', '.join(v.name for v in job.views)}; output {job.output.format} "
                f"{job.output.path})")
-    if not schema_only:
-        from .extract.preflight import preflight
+    if checked is not None:
+        click.echo(f"checked {checked.summary()}")
 
-        click.echo(f"checked {preflight(job).summary()}")
+
+def _checked_before_writing(job: Any, job_file: str) -> Any:
+    """What `extract` checks before it writes anything (run/checks.py)."""
+    from .run.checks import check_job
+
+    return check_job(job, job_file)
 
 
 @main.command()
@@ -160,8 +167,9 @@ def validate(job_file: str, overrides: tuple[str, ...], schema_only: bool) -> No
 @click.option("--dry-run", is_flag=True, help="Check the job and print the plan (model, "
               "views, files, rows, partitions, output); create and write nothing.")
 @click.option("--json-summary", "summary_file", default=None, type=click.Path(dir_okay=False),
-              help="Also write the run's summary as JSON to this file, on success and on "
-              "failure (schemas/run-summary.schema.json).")
+              help="Also write the run's summary as JSON to this file, at the end, on "
+              "success and on failure (schemas/run-summary.schema.json); never the job "
+              "file, the input, the model or a path inside the store.")
 @click.option("--incremental", is_flag=True, help="Update the existing store: encode only "
               "rows with new ids or changed texts (as output.incremental: true).")
 @click.option("--prune", is_flag=True, help="With --incremental: remove rows whose ids are "
@@ -186,43 +194,51 @@ def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
         _extract(job_file, overrides, overwrite, scheduler, dry_run, None, prune)
         return
     from .run.runner import RunSummary
+    from .run.summary_file import SummaryFile
 
+    target = SummaryFile(summary_file, job_file)  # refused now, before the run, if unsafe
     summary = RunSummary("")
-    _write_summary(summary_file, summary, None)  # fails now, not after the run, if unwritable
     try:
-        _extract(job_file, overrides, overwrite, scheduler, dry_run, summary, prune)
+        _extract(job_file, overrides, overwrite, scheduler, dry_run, summary, prune, target)
     except BertpipeError as exc:
-        _write_summary(summary_file, summary, exc)
+        if target.may_write():
+            target.write(_summary_doc(summary, exc))
         raise
-    _write_summary(summary_file, summary, None)
+    target.write(_summary_doc(summary, None))
 
 
-def _write_summary(file: str, summary: Any, error: BertpipeError | None) -> None:
+DRY_RUN_ACTIONS = {"create": "create the store", "replace": "replace the store (--overwrite)",
+                   "resume": "resume the interrupted run in the store",
+                   "complete": "do nothing: the store is complete for this job and input"}
+
+
+def _summary_doc(summary: Any, error: BertpipeError | None) -> dict[str, Any]:
     """The run's JSON summary with its exit code and what that code means."""
-    doc = {**summary.to_dict(), "exit_code": error.exit_code if error else 0,
-           "meaning": (type(error).__doc__ or "").strip().splitlines()[0] if error else "ok",
-           "error": _scrubbed(str(error)) if error else None}
-    try:
-        with open(file, "w") as out:
-            json.dump(doc, out, indent=1)
-    except OSError as exc:
-        raise OptionError(f"--json-summary: cannot write {file} ({exc.strerror})") from None
+    return {**summary.to_dict(), "exit_code": error.exit_code if error else 0,
+            "meaning": (type(error).__doc__ or "").strip().splitlines()[0] if error else "ok",
+            "error": _scrubbed(str(error)) if error else None}
 
 
 def _extract(job_file: str, overrides: tuple[str, ...], overwrite: bool, scheduler: str | None,
-             dry_run: bool, summary: Any, prune: bool = False) -> None:
+             dry_run: bool, summary: Any, prune: bool = False, target: Any = None) -> None:
     from .spec import load_job
 
     if scheduler:
         overrides = (*overrides, f"execution.scheduler={scheduler}")
     job = load_job(job_file, overrides)
+    if target is not None:
+        target.check_job(job)
     if prune and not job.output.incremental:
         raise click.BadParameter("only with --incremental (or output.incremental: true)",
                                  param_hint="'--prune'")
     if dry_run:
-        from .extract.preflight import preflight
+        plan = _checked_before_writing(job, job_file)
+        click.echo(plan.describe())
+        if not job.output.incremental:  # an incremental run has its own rules (run/incremental)
+            from .run.checks import output_action
 
-        click.echo(preflight(job).describe())
+            action = output_action(job, overwrite)
+            click.echo(f"would      {DRY_RUN_ACTIONS[action]}")
         click.echo("dry run: nothing was created or written")
         return
     from .run.progress import Progress
@@ -272,9 +288,14 @@ def unlock(store_path: str) -> None:
     """
     from .io.location import resolve
     from .stores.lock import StoreLock
+    from .stores.ownership import inspect_output
 
     if not resolve(store_path).exists():  # a mistyped path must not read as "not locked"
         raise StoreError(f"{store_path}: no such store")
+    contents = inspect_output(store_path)
+    if contents.state == "file" or contents.state == "foreign":  # nor a wrong folder
+        held = f" (it holds {contents.describe_foreign()})" if contents.foreign else ""
+        raise StoreError(f"{store_path}: not a bertpipe store{held}; nothing to unlock")
     lock = StoreLock(store_path if is_url(store_path) else os.path.realpath(store_path))
     holder = lock.holder()
     if holder is None:

@@ -28,6 +28,11 @@ class InputError(BertpipeError):
     exit_code = 3
 
 
+class UnreadableInputError(InputError):
+    """Rows of the input cannot be read (a damaged data page): the file is at fault, so a
+    run reports it as the input's error, not as a partition to retry."""
+
+
 class ModelError(BertpipeError):
     """The model cannot be loaded or cannot provide what a view asks for."""
 

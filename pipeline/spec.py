@@ -53,6 +53,9 @@ class InputSpec:
     text_column: str
     id_column: str | None = None
     carry_columns: tuple[str, ...] = ()
+    # every id names one row (checked before a run); false lets ids repeat, and a lookup by
+    # an id that names several rows is then refused as ambiguous
+    unique_ids: bool = True
     # fsspec options for a URL path; a string value `${NAME}` is read from the environment
     # where the file is opened (client or worker). Never written down (see `to_dict`).
     storage_options: dict[str, Any] | None = field(default=None, compare=False)
@@ -191,8 +194,11 @@ class Job:
         content.pop("execution")
         for key in ("overwrite", "path", "incremental"):
             content["output"].pop(key)
-        # how the files are reached (credentials, endpoints), not what they hold
+        # how the files are reached (credentials, endpoints), not what they hold; whether
+        # ids may repeat is a check on the input, not part of what is computed (and stores
+        # written before the key existed keep their fingerprint)
         content["input"].pop("storage_options", None)
+        content["input"].pop("unique_ids", None)
         content["output"].pop("storage_options", None)
         blob = json.dumps(content, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()
@@ -307,14 +313,46 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"{where}: {problem}"
 
 
+def _is_integer(checker: Any, instance: Any) -> bool:
+    """An integer is an int: JSON Schema also counts 8.0 and 1e30 as integers, which then
+    reach `range()` and array sizes as floats."""
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+# Draft 2020-12, with integers that are ints (see `_is_integer`)
+JobValidator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator,
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_integer))
+# The largest integer a job may hold: what NumPy, Arrow and the store's JSON readers take.
+INT_MAX = 2**63 - 1
+
+
 def validate_job_dict(raw: dict[str, Any]) -> None:
     """Schema validation; the first error becomes one line naming the key path."""
-    validator = jsonschema.Draft202012Validator(job_schema())
+    validator = JobValidator(job_schema())
     errors = sorted(validator.iter_errors(raw), key=lambda e: (len(e.path), list(e.path)))
     if errors:
         err = errors[0]
         key = ".".join(str(p) for p in err.path) or "(top level)"
         raise JobError(f"{key}: {_short_message(err)}")
+    huge = _first_huge_integer(raw)
+    if huge is not None:
+        key, value = huge
+        raise JobError(f"{key}: {value} is out of range (at most {INT_MAX})")
+
+
+def _first_huge_integer(node: Any, key: str = "") -> tuple[str, int] | None:
+    """The first integer beyond INT_MAX (either sign) and its key path, if any."""
+    items = node.items() if isinstance(node, dict) else \
+        enumerate(node) if isinstance(node, list) else ()
+    for name, value in items:
+        where = f"{key}.{name}" if key else str(name)
+        if _is_integer(None, value) and abs(value) > INT_MAX:
+            return where, value
+        found = _first_huge_integer(value, where)
+        if found is not None:
+            return found
+    return None
 
 
 def job_schema() -> dict[str, Any]:
@@ -334,7 +372,17 @@ def _short_message(err: jsonschema.ValidationError) -> str:
     if err.validator in ("minimum", "maximum") and isinstance(err.instance, float) \
             and not math.isfinite(err.instance):
         return f"{err.instance!r} is not a finite number"
+    if err.validator == "type" and "integer" in _types(err.validator_value) \
+            and isinstance(err.instance, float):
+        whole = math.isfinite(err.instance) and err.instance.is_integer() \
+            and abs(err.instance) < 2**53
+        hint = f" (write {int(err.instance)}, without a decimal point)" if whole else ""
+        return f"{err.instance!r} is not an integer{hint}"
     return err.message
+
+
+def _types(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else list(value)
 
 
 def _view_from_dict(name: str, body: dict[str, Any]) -> ViewSpec:
@@ -441,6 +489,10 @@ def _check_consistency(job: Job) -> None:
             raise JobError(f"{key}.post: post-processing is fitted on document vectors and a "
                            "pooling: tokens view stores token vectors only; drop post")
     check_incremental(job)
+    _check_scheduler(job.execution.scheduler)
+    if not job.input.unique_ids and not job.input.id_column:
+        raise JobError("input.unique_ids: only used with input.id_column (row numbers are "
+                       "unique)")
     for section, spec in (("input", job.input), ("output", job.output)):
         if spec.storage_options and not is_url(spec.path):
             raise JobError(f"{section}.storage_options: only used with a URL {section}.path "
@@ -454,6 +506,31 @@ def _check_consistency(job: Job) -> None:
         raise JobError("chunking.overlap: only used with strategy hierarchical")
 
 
+# Dask's comm schemes; those that reach a host by TCP need host:port.
+SCHEDULER_SCHEMES = {"tcp": True, "tls": True, "ws": True, "wss": True, "ucx": False,
+                     "inproc": False}
+SCHEDULER_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
+
+
+def _check_scheduler(value: str) -> None:
+    """`local`, `synchronous` or a Dask address (`tcp://host:8786`): checked on load, so that
+    `validate` refuses what the run would refuse."""
+    if value in ("local", "synchronous"):
+        return
+    why = f"execution.scheduler: {value!r} is not local, synchronous or a scheduler address " \
+          "like tcp://host:8786"
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme not in SCHEDULER_SCHEMES or not rest:
+        raise JobError(why)
+    if SCHEDULER_SCHEMES[scheme]:
+        found = SCHEDULER_HOST_PORT.match(rest.rstrip("/"))
+        if found is None:
+            raise JobError(f"{why} (host:port after {scheme}://)")
+        if not 0 < int(found.group(2)) < 65536:
+            raise JobError(f"execution.scheduler: port {found.group(2)} of {value!r} is out "
+                           "of range (1-65535)")
+
+
 def check_incremental(job: Job) -> None:
     """What an incremental run needs of the job (checked on load, so `validate` says so)."""
     if not job.output.incremental:
@@ -461,6 +538,9 @@ def check_incremental(job: Job) -> None:
     if not job.input.id_column:
         raise JobError("output.incremental: needs input.id_column (rows are matched to the "
                        "store by id)")
+    if not job.input.unique_ids:
+        raise JobError("output.incremental: needs unique ids (rows are matched to the store "
+                       "by id), but input.unique_ids is false")
     if job.output.overwrite:
         raise JobError("output.incremental: an incremental run adds to the store, "
                        "output.overwrite replaces it; choose one")

@@ -176,6 +176,56 @@ def _probe_folds(folds: int) -> Callable[[World], None]:
     return call
 
 
+def _no_weights(w: World) -> Path:
+    """The tiny model's config and tokenizer, without any weight file."""
+    model = w.tmp / "no-weights"
+    shutil.copytree(w.model, model)
+    (model / "model.safetensors").unlink()
+    return model
+
+
+def _pickle_only(w: World) -> Path:
+    """The tiny model with a .bin in place of its safetensors (model.allow_pickle unset)."""
+    model = _no_weights(w)
+    (model / "pytorch_model.bin").write_bytes(b"pickle")
+    return model
+
+
+def _repeated_ids(w: World) -> Path:
+    """Ids that repeat: 'a' on rows 0 and 2, 'b' on rows 1 and 4 (and 'c' once)."""
+    return w.table("dup.parquet", {"id": ["a", "b", "a", "c", "b"],
+                                   "text": ["good", "bad", "pain", "drug", "sleep"],
+                                   "label": ["x", "y", "x", "y", "x"]})
+
+
+def _repeated_ids_in_two_files(w: World) -> Path:
+    """Integer ids, 32-bit in one file and 64-bit in the other: 3 is on rows 2 and 4."""
+    folder = w.tmp / "dups"
+    folder.mkdir()
+    write_table(folder / "a.parquet", {"id": pa.array([1, 2, 3], pa.int32()),
+                                       "text": ["a", "b", "c"], "label": ["x", "y", "x"]})
+    write_table(folder / "b.parquet", {"id": pa.array([4, 3], pa.int64()),
+                                       "text": ["d", "e"], "label": ["y", "x"]})
+    return folder
+
+
+def _row_of_a_repeated_id(w: World) -> None:
+    """A store made with input.unique_ids: false, then a lookup by a repeated id."""
+    job = w.job(_set("input.unique_ids", False), src=_repeated_ids(w))
+    result = CliRunner().invoke(main, ["extract", job])
+    assert result.exit_code == 0, result.output
+    pipeline.open_store(w.out).row_of("a")
+
+
+def _labels(w: World, columns: dict[str, Any]) -> str:
+    return str(w.table("labels.parquet", columns))
+
+
+def _probe_labels(columns: dict[str, Any], label: str = "y") -> Callable[[World], list[str]]:
+    return lambda w: ["probe", str(w.stores["zarr"]), "--label", label, "--labels",
+                      _labels(w, columns)]
+
+
 @dataclass(frozen=True)
 class Row:
     id: str
@@ -404,7 +454,7 @@ ROWS = [
         w.tmp / "x.parquet").write_text("id,text\n1,a\n") and w.tmp / "x.parquet")), 3,
         "is not a readable Parquet file"),
     Row("Parquet corrupted in the middle", _cli("extract", _job(
-        _set("execution.partition_rows", 10), src=_corrupt_middle)), 6,
+        _set("execution.partition_rows", 10), src=_corrupt_middle)), 3,
         "bad.parquet cannot be read at rows 20-29", output_may_exist=True),
     Row("unpicklable .bin with allow_pickle", _cli("extract", _job(
         _set("model.allow_pickle", True), model=_pickle_model)), 4,
@@ -538,6 +588,88 @@ ROWS = [
         "none.zarr"),
     Row("unlock a path that is no store", _cli("unlock", lambda w: str(w.tmp / "none.zarr")),
         5, "none.zarr: no such store"),
+    # ---- unattended runs: summaries, integer keys, checks validate must make too -------
+    Row("extract --json-summary the input file", _cli("extract", _job(), "--json-summary",
+                                                      lambda w: str(w.src)), 2,
+        "in.parquet is the job's input file"),
+    Row("extract --json-summary the job file", _cli("extract", _job(), "--json-summary",
+                                                    lambda w: str(w.tmp / "job.yaml")), 2,
+        "job.yaml is the job file"),
+    Row("extract --json-summary a file of the model", _cli(
+        "extract", _job(), "--json-summary", lambda w: str(w.model / "config.json")), 2,
+        "config.json is inside the model folder"),
+    Row("extract --json-summary inside the store", _cli(
+        "extract", _job(), "--json-summary", lambda w: str(w.out / "run.json")), 2,
+        "run.json is inside the store (output.path"),
+    Row("extract --json-summary a file that is no summary", _cli(
+        "extract", _job(), "--json-summary", lambda w: str(w.stores["zarr"] / "zarr.json")), 2,
+        "zarr.json exists and is not a run summary"),
+    Row("execution.partition_rows 8.0", _cli("extract", _job(_set(
+        "execution.partition_rows", 8.0))), 2,
+        "execution.partition_rows: 8.0 is not an integer (write 8, without a decimal point)"),
+    Row("execution.partition_rows 1.0e+30", _cli("extract", _job(), "--set",
+                                                 "execution.partition_rows=1.0e+30"), 2,
+        "execution.partition_rows: 1e+30 is not an integer"),
+    Row("execution.partition_rows 10**30", _cli("extract", _job(_set(
+        "execution.partition_rows", 10**30))), 2,
+        f"execution.partition_rows: {10**30} is out of range (at most {2**63 - 1})"),
+    Row("view layer 1.0", _cli("validate", _job(_views(m={"layers": [1.0],
+                                                          "pooling": "mean"}))), 2,
+        "views.m.layers: [1.0] is not valid"),
+    Row("execution.scheduler not an address", _cli("validate", _job(_set(
+        "execution.scheduler", "localhost"))), 2,
+        "execution.scheduler: 'localhost' is not local, synchronous or a scheduler address"),
+    Row("execution.scheduler without a port", _cli("validate", _job(_set(
+        "execution.scheduler", "tcp://scheduler"))), 2, "(host:port after tcp://)"),
+    Row("execution.scheduler port out of range", _cli("validate", _job(_set(
+        "execution.scheduler", "tcp://scheduler:99999"))), 2, "port 99999 of"),
+    Row("token view with model.runtime openvino: validate", _cli("validate", _job(lambda raw: (
+        _views(t={"pooling": "tokens"})(raw), _set("model.runtime", "openvino")(raw)))), 4,
+        "model.runtime: openvino gives pooled views only; token views (t)"),
+    Row("model without weights: validate", _cli("validate", _job(model=_no_weights)), 4,
+        "has no weights (no *.safetensors file)"),
+    Row("model with pickle weights only: validate", _cli("validate", _job(
+        model=_pickle_only)), 4, "has only pickle weights (pytorch_model.bin)"),
+    Row("relative model.path that does not exist", _cli("validate", _job(_set(
+        "model.path", "no-such-folder/model"))), 4,
+        "model.path: 'no-such-folder/model' does not exist: no folder /"),
+    # ---- ids that repeat ------------------------------------------------------------------
+    Row("ids repeat: validate", _cli("validate", _job(src=_repeated_ids)), 3,
+        "repeat: 'a' on rows 0, 2; 'b' on rows 1, 4; each id must name one row"),
+    Row("ids repeat: extract creates nothing", _cli("extract", _job(src=_repeated_ids)), 3,
+        "input.id_column: ids in column 'id' of"),
+    Row("ids repeat: extract --dry-run", _cli("extract", _job(src=_repeated_ids),
+                                              "--dry-run"), 3, "'a' on rows 0, 2"),
+    Row("ids repeat across files (int32 and int64)", _cli("validate", _job(
+        src=_repeated_ids_in_two_files)), 3, "repeat: 3 on rows 2, 4;"),
+    Row("input.unique_ids not a boolean", _cli("validate", _job(_set(
+        "input.unique_ids", "no"))), 2, "input.unique_ids: 'no' is not of type 'boolean'"),
+    Row("input.unique_ids false without an id column", _cli("validate", _job(lambda raw: (
+        _drop("input.id_column")(raw), _set("input.unique_ids", False)(raw)))), 2,
+        "input.unique_ids: only used with input.id_column"),
+    Row("input.unique_ids false with output.incremental", _cli("validate", _job(lambda raw: (
+        _set("input.unique_ids", False)(raw), _set("output.incremental", True)(raw)))), 2,
+        "output.incremental: needs unique ids"),
+    Row("api: row_of an id on two rows (input.unique_ids: false)",
+        _api(_row_of_a_repeated_id), 5, "id 'a' is ambiguous: it names 2 rows (0, 2)",
+        output_may_exist=True),
+    Row("attention --id of an id on two rows", _cli("attention", _job(
+        _set("input.unique_ids", False), src=_repeated_ids), "--id", "b", "--out",
+        lambda w: str(w.tmp / "att")), 3, "--id: 'b' is ambiguous: 2 rows have id == 'b' "
+        "(rows 1, 4)"),
+    # ---- probe labels ---------------------------------------------------------------------
+    Row("probe --labels whose label column is all null", _probe_labels(
+        {"id": [f"r{i}" for i in range(N)], "y": pa.nulls(N, pa.string())}), 3,
+        "labels.parquet: label column 'y' is empty (all 12 values are null)"),
+    Row("probe --labels with no matching id (plain values shown)", _probe_labels(
+        {"id": list(range(N)), "y": LABELS}), 3,
+        "store ids look like 'r0', file ids like 0)"),
+    Row("probe --labels of one class (plain value shown)", _probe_labels(
+        {"id": [f"r{i}" for i in range(N)], "y": ["pos"] * N}), 3,
+        "label is constant ('pos' for every row)"),
+    Row("probe --labels with a class of one row (plain value shown)", _probe_labels(
+        {"id": [f"r{i}" for i in range(N)], "y": ["pos"] * (N - 1) + ["neg"]}), 3,
+        "label class 'neg' has 1 example"),
     # ---- a store that never finished (item 7) ------------------------------------------
     Row("api: open_store(require_complete=False) on a store that never committed",
         _api(_staged_only), 5, "store is incomplete and has no provenance yet",
@@ -557,15 +689,15 @@ def _digest(path: Path) -> str | None:
     return h.hexdigest()
 
 
-def _run(w: World, row: Row) -> tuple[int, str, Result | None]:
+def _run(w: World, row: Row) -> tuple[int, str, Result | None, list[str]]:
     try:
         args = row.run(w)
     except BertpipeError as exc:  # an api row: the error class gives the exit code
-        return exc.exit_code, f"error: {exc}", None
+        return exc.exit_code, f"error: {exc}", None, []
     if args is None:
-        return 0, "", None
+        return 0, "", None, []
     result = CliRunner().invoke(main, args)
-    return result.exit_code, result.stderr, result
+    return result.exit_code, result.stderr, result, args
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
@@ -575,7 +707,7 @@ def test_bad_input(row: Row, tmp_path: Path, tiny_bert: Path, tiny_distilbert: P
     kept = {p: _digest(p) for p in (w.src, *stores.values(), tiny_bert)}
     outside = [Path("/x"), Path("/x.npz"), tmp_path.parent / "x", tmp_path.parent / "x.npz"]
     assert not any(p.exists() for p in outside)
-    code, stderr, result = _run(w, row)
+    code, stderr, result, args = _run(w, row)
     if result is not None:
         assert result.exception is None or isinstance(result.exception, SystemExit), \
             result.exception
@@ -587,6 +719,8 @@ def test_bad_input(row: Row, tmp_path: Path, tiny_bert: Path, tiny_distilbert: P
     assert len(errors) == 1 and lines[-1] == errors[0] and errors[0].startswith("error: "), \
         stderr
     assert row.fragment in errors[0], errors[0]
+    if result is not None and args[0] == "validate":
+        assert "valid" not in result.stdout, result.stdout  # said only once all checks pass
     for path, digest in kept.items():
         assert _digest(path) == digest, f"{path} changed"
     if not row.output_may_exist:

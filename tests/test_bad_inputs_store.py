@@ -228,7 +228,8 @@ def complete_store_input_changed(w: World) -> list[Any]:
 def complete_store_input_file_added(w: World) -> list[Any]:
     job = w.job(w.tmp / "o.parquet", source=w.src.parent, output={"format": "parquet"})
     assert run("extract", job).exit_code == 0
-    w.write_input(["another file"], w.src.parent / "more.parquet")
+    pq.write_table(pa.table({"id": ["s0"], "text": ["another file"]}),  # ids stay unique
+                   w.src.parent / "more.parquet")
     return ["extract", job]
 
 
@@ -269,6 +270,44 @@ def model_error_leaves_nothing(w: World) -> list[Any]:
     return ["extract", w.job(w.tmp / "new" / "o.zarr", views={"p": {"pooling": "pooler"}})]
 
 
+def dry_run_output_inside_input_folder(w: World) -> list[Any]:
+    return [*output_inside_input_folder(w), "--dry-run"]
+
+
+def dry_run_output_is_job_folder(w: World) -> list[Any]:
+    return ["extract", w.job(w.tmp / "jobs"), "--dry-run"]
+
+
+def dry_run_output_is_a_file(w: World) -> list[Any]:
+    (w.tmp / "notes.zarr").write_text("not a store")
+    return ["extract", w.job(w.tmp / "notes.zarr"), "--dry-run"]
+
+
+def dry_run_foreign_folder_with_overwrite(w: World) -> list[Any]:
+    return ["extract", w.job(w.user_folder()), "--overwrite", "--dry-run"]
+
+
+def validate_output_inside_input_folder(w: World) -> list[Any]:
+    return ["validate", *output_inside_input_folder(w)[1:]]
+
+
+def output_parent_is_a_file(w: World) -> list[Any]:
+    (w.tmp / "notes").write_text("a file where a folder would go")
+    return ["extract", w.job(w.tmp / "notes" / "out" / "o.zarr")]
+
+
+def validate_output_parent_is_a_file(w: World) -> list[Any]:
+    return ["validate", *output_parent_is_a_file(w)[1:]]
+
+
+def unlock_a_folder_that_is_no_store(w: World) -> list[Any]:
+    return ["unlock", w.user_folder()]
+
+
+def unlock_a_file(w: World) -> list[Any]:
+    return ["unlock", w.src]
+
+
 @dataclass(frozen=True)
 class Row:
     setup: Callable[[World], list[Any]]
@@ -302,6 +341,17 @@ TABLE = [
         "to it, clear the lock with `bertpipe unlock"),
     Row(unlock_live, 5, "still running on this host"),
     Row(model_error_leaves_nothing, 4, "pooler"),
+    Row(dry_run_output_inside_input_folder, 5, "is inside the input folder"),
+    Row(dry_run_output_is_job_folder, 5, "is the job file's folder"),
+    Row(dry_run_output_is_a_file, 5, "is a file, not a bertpipe store"),
+    Row(dry_run_foreign_folder_with_overwrite, 5, "is not a bertpipe store (it holds "
+        "figures/, thesis.tex); --overwrite replaces only"),
+    Row(validate_output_inside_input_folder, 5, "is inside the input folder"),
+    Row(output_parent_is_a_file, 5, "output.path: cannot create"),
+    Row(validate_output_parent_is_a_file, 5, "notes is a file, not a folder"),
+    Row(unlock_a_folder_that_is_no_store, 5, "thesis: not a bertpipe store (it holds figures/, "
+        "thesis.tex); nothing to unlock"),
+    Row(unlock_a_file, 5, "texts.parquet: not a bertpipe store; nothing to unlock"),
 ]
 
 
@@ -693,7 +743,11 @@ def test_holder_paused_past_its_lease_is_fenced_off(
     _, err = first.communicate(timeout=120)
     assert first.returncode == 5, err
     assert "lock was taken over by another run after its lease expired" in err
-    assert snapshot(tmp_path) == after_second  # the first wrote and removed nothing
+    # the first removed nothing and marked nothing done; a part file it was writing when it
+    # was paused (past its fencing check) may land in the staging folder, never read
+    after_first = snapshot(tmp_path)
+    assert {k: v for k, v in after_first.items() if "/_bertpipe" not in k} == after_second
+    assert not list(out.glob("_bertpipe/parts/*.done.json"))
     assert run("verify", out).exit_code == 0
     assert f"pid {first.pid}" in pipeline.open_store(out).provenance.history[0].took_over_lock
     clean = run("extract", w.job(tmp_path / "clean.zarr", name="clean",
@@ -724,6 +778,7 @@ def test_silent_scheduler_times_out_as_one_line_exit_7(tmp_path: Path, tiny_bert
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Something listens but never speaks Dask: the client's timeout, then the same line."""
     import dask
+    import distributed  # noqa: F401 - its config defaults in place before the set() below
 
     w = World(tmp_path, tiny_bert, monkeypatch)
     w.write_input()
@@ -775,3 +830,144 @@ def test_partition_errors_are_reported_alike_in_process_and_on_the_local_cluster
         lines[scheduler] = one_line_error(result)
     assert lines["synchronous"] == lines["local"]
     assert "partition 1 (rows 8-15" in lines["local"] and "null id" in lines["local"]
+
+
+# --- unattended runs: what the environment refuses is one line with its code ----------------
+
+def test_output_folder_without_permission_is_refused_before_anything(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    w.write_input()
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    job = w.job(locked / "new" / "o.zarr")
+    if os.geteuid() == 0:  # root may write anywhere: the folder's refusal, as the OS says it
+        real_access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != locked
+                            and real_access(path, mode, **kw))
+    else:
+        locked.chmod(0o555)
+    try:
+        before = snapshot(tmp_path)
+        result = run("extract", job)
+    finally:
+        locked.chmod(0o755)
+    assert result.exit_code == 5, result.output
+    assert one_line_error(result) == (f"error: output.path: cannot create {locked}/new/o.zarr: "
+                                      f"no permission to write in {locked}")
+    assert snapshot(tmp_path) == before
+
+
+def _limited_file_size(limit: int) -> Callable[[], None]:
+    def apply() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(
+            resource.RLIMIT_FSIZE)[1]))
+    return apply
+
+
+def test_full_disk_during_the_commit_is_one_line_and_a_rerun_completes(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file-size limit that lets every 500-row partition be staged but not the commit's
+    whole arrays (3,000 x 32 floats): what a disk that fills up during the commit does."""
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    texts = [f"the drug worked very well and the pain was gone {i}" for i in range(3000)]
+    w.write_input(texts)
+    out = tmp_path / "o.zarr"
+    job = w.job(out, views={"mean": {"pooling": "mean"}},
+                execution={"partition_rows": 500})
+    proc = subprocess.Popen([str(BIN / "bertpipe"), "-q", "extract", str(job)], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            preexec_fn=_limited_file_size(128 * 1024))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 5, err
+    line = one_line_error(subprocess.CompletedProcess([], 5, "", err))
+    assert line == (f"error: output.path: {out}: the disk is full or the file is too large "
+                    "(File too large); the store is left incomplete: free space (or raise the "
+                    "file size limit) and rerun, the rerun resumes")
+    from pipeline.errors import StoreError
+
+    with pytest.raises(StoreError, match="store is incomplete"):
+        pipeline.open_store(out)
+    rerun = run("extract", job)
+    assert rerun.exit_code == 0, rerun.output
+    assert "partitions skipped 6, run 0" in rerun.stdout  # every staged partition kept
+    assert run("verify", out).exit_code == 0
+    assert pipeline.open_store(out).docs.sizes["doc"] == 3000
+
+
+@pytest.fixture
+def http_server() -> Any:
+    """An HTTP server on loopback (as `python -m http.server`), and the requests it got."""
+    import http.server
+    import threading
+
+    requests: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def handle_one_request(self) -> None:
+            super().handle_one_request()
+            if self.raw_requestline:  # bytes sent (a probe that only connects sends none)
+                requests.append(self.raw_requestline.decode(errors="replace"))
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"tcp://127.0.0.1:{server.server_address[1]}", requests
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_port_that_speaks_http_is_no_scheduler(http_server: Any, tmp_path: Path,
+                                                  tiny_bert: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """An HTTP server waits for a request; Dask's client would send its greeting and read
+    the HTTP answer as a frame length of exabytes. The greeting is never sent."""
+    import dask
+    import distributed  # noqa: F401 - its config defaults in place before the set() below
+
+    address, requests = http_server
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    w.write_input()
+    job = w.job(tmp_path / "o.zarr")
+    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+        result = run("extract", job, "--scheduler", address)
+    assert result.exit_code == 7, result.output
+    assert f"cannot reach the Dask scheduler at {address} (no answer within 1 s: something " \
+           "listens there but does not greet as a Dask scheduler does" in one_line_error(result)
+    assert requests == []  # nothing was sent to it: no Dask client talked to it
+    assert not (tmp_path / "o.zarr").exists()
+
+
+def test_a_port_that_greets_otherwise_is_no_scheduler(tmp_path: Path, tiny_bert: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    w.write_input()
+    job = w.job(tmp_path / "o.zarr")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+
+        def greet() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
+                conn.recv(1)  # until the client closes
+
+        threading.Thread(target=greet, daemon=True).start()
+        result = run("extract", job, "--scheduler", address)
+    assert result.exit_code == 7, result.output
+    assert one_line_error(result) == (f"error: execution.scheduler: {address} is not a Dask "
+                                      "scheduler (it answered b'SSH-2.0-OpenSSH_'); check the "
+                                      "host and port")
+    assert not (tmp_path / "o.zarr").exists()

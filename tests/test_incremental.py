@@ -455,7 +455,8 @@ REFUSALS: list[tuple[str, Any, type[Exception], str]] = [
     ("repeated id", lambda j, t, m: Job.from_dict({**j.to_dict(), "input": {
         **j.to_dict()["input"], "path": str(_grown(j, t, pa.concat_tables(
             [_reviews().slice(0, 45), _reviews().slice(30, 1)])))}}),
-     InputError, "id [0-9]+ is on 2 rows of the input \\(rows 30, 45\\).*unique"),
+     InputError, "repeat: [0-9]+ on rows 30, 45; each id must name one row \\(an "
+                 "incremental run matches rows to the store by id"),
 ]
 
 

@@ -461,6 +461,25 @@ def test_incremental_run_job_keeps_literal_credentials(
         == {"key": "***", "secret": "***"}  # recorded redacted, used literally
 
 
+def test_store_in_a_bucket_that_does_not_exist_is_refused_before_anything(
+        s3_endpoint: str, tiny_bert: Path, tmp_path: Path) -> None:
+    import boto3
+
+    local = tmp_path / "in.parquet"
+    pq.write_table(pq.read_table(REVIEWS).slice(0, 8), local)
+    bucket = f"no-such-{uuid.uuid4().hex[:8]}"
+    job = write_job(tmp_path / "job.yaml", job_dict(local, tiny_bert, f"s3://{bucket}/o.zarr"))
+    for command in ("validate", "extract"):
+        result = run(command, str(job))
+        assert result.exit_code == 5, result.output
+        assert one_error_line(result) == (f"error: output.path: s3://{bucket}/o.zarr: bucket "
+                                          f"{bucket!r} does not exist; create it first, or fix "
+                                          "the path (nothing was written)")
+    names = [b["Name"] for b in boto3.client("s3", endpoint_url=s3_endpoint, region_name=
+                                             "us-east-1").list_buckets()["Buckets"]]
+    assert bucket not in names
+
+
 def test_errors_are_scrubbed_of_known_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret-abcdef")
     storefs.remember_secrets({"secret": "job-secret-123456", "token": "${SOME_VAR}"})

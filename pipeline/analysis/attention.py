@@ -90,16 +90,21 @@ def find_row(spec: InputSpec, wanted: str) -> int:
         if not 0 <= row < total:
             raise InputError(f"--id: row {row} is out of range (the input has {total} rows)")
         return row
-    start = 0
+    start, found = 0, []
     for file in files:
         pf = open_input(file, spec.storage_options)
         for batch in pf.iter_batches(columns=[spec.id_column], batch_size=65536):
             ids = batch.column(0).to_pylist()
-            for k, value in enumerate(ids):
-                if value is not None and str(value) == wanted:
-                    return start + k
+            found += [start + k for k, value in enumerate(ids)
+                      if value is not None and str(value) == wanted]
             start += len(ids)
-    raise InputError(f"--id: no row has {spec.id_column} == {wanted!r} in {spec.path}")
+    if not found:
+        raise InputError(f"--id: no row has {spec.id_column} == {wanted!r} in {spec.path}")
+    if len(found) > 1:  # never guess which row was meant
+        rows = ", ".join(str(r) for r in found[:5]) + (", ..." if len(found) > 5 else "")
+        raise InputError(f"--id: {wanted!r} is ambiguous: {len(found)} rows have "
+                         f"{spec.id_column} == {wanted!r} (rows {rows})")
+    return found[0]
 
 
 # ---- the eager model -------------------------------------------------------------------

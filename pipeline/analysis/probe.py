@@ -148,7 +148,11 @@ def load_labels(store: Store, label: str, labels_file: str | None = None,
             carried = store.provenance.job.input.carry_columns
             raise ProbeError(f"--label: {label!r} is not a carried column of the store "
                              f"(carried: {', '.join(carried) or 'none'}); or pass --labels FILE")
-        return pd.Series(np.asarray(store.docs[label].values))
+        labels = pd.Series(np.asarray(store.docs[label].values))
+        if labels.isna().all():
+            raise ProbeError(f"--label: carried column {label!r} is empty (all "
+                             f"{len(labels)} values are null)")
+        return labels
     try:
         table = pd.read_parquet(labels_file)
     except (OSError, ValueError) as exc:  # missing, a folder, not Parquet (ArrowInvalid)
@@ -159,14 +163,23 @@ def load_labels(store: Store, label: str, labels_file: str | None = None,
         if col not in table.columns:
             raise ProbeError(f"{labels_file}: column {col!r} not found "
                              f"(columns: {', '.join(map(str, table.columns))})")
+    if table[label].isna().all():  # else every id "matches" nothing, which misleads
+        raise ProbeError(f"{labels_file}: label column {label!r} is empty (all {len(table)} "
+                         "values are null)")
     ids = pd.Series(np.asarray(store.docs["id"].values))
     mapping = table.drop_duplicates(key).set_index(key)[label]
     joined = ids.map(mapping)
     if joined.isna().all():
         raise ProbeError(f"{labels_file}: no {key!r} matches the store's ids "
-                         f"(store ids look like {ids.iloc[0]!r}, file ids like "
-                         f"{table[key].iloc[0]!r})")
+                         f"(store ids look like {plain(ids.iloc[0])!r}, file ids like "
+                         f"{plain(table[key].iloc[0])!r})")
     return joined
+
+
+def plain(value: Any) -> Any:
+    """A NumPy scalar as the Python value it holds: messages show 'x' and 3, not
+    np.str_('x') and np.int64(3)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def run_probe(store: Store, labels: pd.Series, views: Sequence[str] | None = None,
@@ -182,6 +195,10 @@ def run_probe(store: Store, labels: pd.Series, views: Sequence[str] | None = Non
     ok = has_vector & has_label
     dropped = {"no_vector": int((~has_vector).sum()),
                "no_label": int((has_vector & ~has_label).sum())}
+    if not ok.any():
+        raise ProbeError(f"no row has both a document vector and a label ({dropped['no_vector']}"
+                         f" without a vector, {dropped['no_label']} without a label): nothing "
+                         "to probe")
     y_raw = labels.to_numpy()[ok]
     task = "regression" if _is_numeric(y_raw) else "classification"
     y, classes = _encode_labels(y_raw, task, folds)
@@ -226,11 +243,12 @@ def _encode_labels(y: np.ndarray, task: str, folds: int) -> tuple[np.ndarray, di
         return y, {}
     values, codes, counts = np.unique(y.astype(str), return_inverse=True, return_counts=True)
     if len(values) < 2:
-        raise ProbeError(f"label is constant ({values[0]!r} for every row): nothing to probe")
+        raise ProbeError(f"label is constant ({plain(values[0])!r} for every row): "
+                         "nothing to probe")
     if counts.min() < 2:
         rare = values[counts.argmin()]
-        raise ProbeError(f"label class {rare!r} has {counts.min()} example; every class needs "
-                         "at least 2 (and ideally one per fold)")
+        raise ProbeError(f"label class {plain(rare)!r} has {counts.min()} example; every "
+                         "class needs at least 2 (and ideally one per fold)")
     return codes, {str(v): int(c) for v, c in zip(values, counts, strict=True)}
 
 

@@ -104,8 +104,47 @@ def load_config(spec: ModelSpec) -> Any:
         return AutoConfig.from_pretrained(spec.path, local_files_only=True,
                                           trust_remote_code=spec.trust_remote_code)
     except (OSError, ValueError, HFValidationError) as exc:
+        if not Path(spec.path).is_absolute() and not _in_hub_cache(spec.path):
+            # a relative path that is no folder here was kept as a hub id (spec._model_path):
+            # say that neither exists, not that the hub could not be reached
+            raise ModelError(f"model.path: {spec.path!r} does not exist: no folder "
+                             f"{Path(spec.path).absolute()}, and no hub id {spec.path!r} in "
+                             "the local Hugging Face cache (models are never downloaded)"
+                             ) from None
         raise ModelError(f"model.path: cannot load {spec.path!r} offline: {first_line(exc)}"
                          ) from None
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache holds anything of `repo_id`."""
+    try:
+        _cached_snapshot(repo_id)
+    except Exception:  # noqa: BLE001 - not a valid id, or not cached: either way, not there
+        return False
+    return True
+
+
+def check_weights(spec: ModelSpec) -> None:
+    """The weight files the loader will take are there (safetensors, or .bin with
+    `allow_pickle`), told from their names alone: a folder with a config and a tokenizer
+    but no usable weights is refused before a store is made, not when a worker loads it."""
+    root = Path(spec.path)
+    if not root.is_dir():
+        try:
+            root = _cached_snapshot(spec.path)
+        except Exception:  # noqa: BLE001 - not in the cache: load_config said so already
+            return
+    if any(root.glob("*.safetensors")):
+        return
+    pickled = sorted(p.name for p in root.glob("*.bin"))
+    if pickled and spec.allow_pickle:
+        return
+    if pickled:
+        raise ModelError(f"model.path: {spec.path!r} has only pickle weights "
+                         f"({', '.join(pickled[:3])}); convert them to safetensors, or set "
+                         "model.allow_pickle: true if you trust their source")
+    raise ModelError(f"model.path: {spec.path!r} has no weights (no *.safetensors"
+                     f"{' or *.bin' if spec.allow_pickle else ''} file)")
 
 
 def load_tokenizer(spec: ModelSpec) -> Any:

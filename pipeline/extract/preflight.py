@@ -1,6 +1,7 @@
 """Everything a job can be checked for before any work, without loading weights or reading
-rows: the model's config and tokenizer, the views against them (layer indices, widths,
-post-processing dims, the pooler), the chunk budget, and the input's Parquet footers.
+texts: the model's config, tokenizer and weight files, the views against them (layer
+indices, widths, post-processing dims, the pooler), the device and runtime, the chunk
+budget, the input's Parquet footers, and its id column (every id names one row).
 
 `bertpipe validate`, `bertpipe extract --dry-run` and every run call `preflight` before a
 store is created, so a job that cannot work is refused with nothing written.
@@ -16,13 +17,15 @@ from ..io.location import is_url, references, resolve, storage_errors
 from ..spec import Job
 from .chunking import Specials, content_budget
 from .model import (
+    check_weights,
     has_pooler_weights,
     load_config,
     load_tokenizer,
     max_positions_of,
     model_shape,
 )
-from .source import InputScan, Partition, plan_partitions, scan_input
+from .runtime import check_runtime
+from .source import InputScan, Partition, check_unique_ids, plan_partitions, scan_input
 from .views import ResolvedView, resolve_views
 
 
@@ -85,6 +88,11 @@ def preflight(job: Job) -> Plan:
     views = resolve_views(job.views, n_layers, hidden)
     _check_post(views)
     _check_pooler(job, str(getattr(config, "model_type", "?")))
+    check_weights(job.model)
+    # the model runs here on the synchronous and local schedulers; a remote cluster's
+    # workers have their own devices and runtimes (checked where they load it)
+    check_runtime(job.model, config, [v.name for v in job.token_views],
+                  here=job.execution.scheduler in ("synchronous", "local"))
     tokenizer = load_tokenizer(job.model)
     try:
         specials = Specials.from_tokenizer(tokenizer)
@@ -101,6 +109,7 @@ def preflight(job: Job) -> Plan:
     partitions = plan_partitions(job.input, job.execution.partition_rows, scan)
     if not partitions:
         raise InputError(f"input.path: {job.input.path} has no rows")
+    check_unique_ids(job.input, scan, job.output.incremental)
     return Plan(job, str(getattr(config, "model_type", "?")), n_layers, hidden, positions,
                 budget, {v.name: v.width for v in views}, scan, partitions)
 

@@ -53,27 +53,58 @@ def choose_runtime(spec: ModelSpec, config: Any) -> str:
     if spec.runtime == "torch":
         return "torch"
     on_cuda = resolve_device(spec.device).type == "cuda"
-    supported = openvino_supports(config)
-    kind = str(config.model_type) + (" (decoder)" if getattr(config, "is_decoder", False)
-                                     else "")
     if spec.runtime == "openvino":
+        check_openvino_job(spec, config)
         if on_cuda:
-            raise ModelError("model.runtime: openvino runs on the CPU; set model.device: cpu, "
-                             "or model.runtime: torch for the GPU")
+            raise ModelError(_OPENVINO_ON_GPU)
         if not openvino_installed():
             raise ModelError("model.runtime: openvino is not installed "
                              "(pip install 'bertpipe[openvino]'), or use model.runtime: torch")
-        if not supported:
-            raise ModelError(f"model.runtime: openvino supports BERT encoders, not {kind}; "
-                             "use model.runtime: torch")
         return "openvino"
     if on_cuda or not openvino_installed():
         return "torch"
-    if not supported:
+    if not openvino_supports(config):
         log.info("model.runtime auto: %s runs on torch (the openvino runtime supports BERT "
-                 "encoders)", kind)
+                 "encoders)", _kind(config))
         return "torch"
     return "openvino"
+
+
+_OPENVINO_ON_GPU = ("model.runtime: openvino runs on the CPU; set model.device: cpu, or "
+                    "model.runtime: torch for the GPU")
+
+
+def _kind(config: Any) -> str:
+    return str(config.model_type) + (" (decoder)" if getattr(config, "is_decoder", False)
+                                     else "")
+
+
+def check_openvino_job(spec: ModelSpec, config: Any) -> None:
+    """What `model.runtime: openvino` refuses whatever the machine: a device other than
+    the CPU, a model family it cannot run."""
+    if spec.device == "cuda":
+        raise ModelError(_OPENVINO_ON_GPU)
+    if not openvino_supports(config):
+        raise ModelError(f"model.runtime: openvino supports BERT encoders, not "
+                         f"{_kind(config)}; use model.runtime: torch")
+
+
+def token_views_refusal(token_views: Sequence[str]) -> ModelError:
+    return ModelError(f"model.runtime: openvino gives pooled views only; token views "
+                      f"({', '.join(token_views)}) need model.runtime: torch")
+
+
+def check_runtime(spec: ModelSpec, config: Any, token_views: Sequence[str],
+                  here: bool) -> None:
+    """Refuse, before any weights load, what `load_encoder` would refuse. `here`: the model
+    runs on this machine (its device and installed runtimes decide); else the workers'
+    machines decide those, and only what holds everywhere is checked."""
+    if spec.runtime == "openvino":  # the job's own mistakes first: they hold everywhere
+        check_openvino_job(spec, config)
+        if token_views:
+            raise token_views_refusal(token_views)
+    if here:
+        choose_runtime(spec, config)
 
 
 def load_encoder(spec: ModelSpec, config: Any, views: Sequence[ResolvedView],
@@ -83,8 +114,7 @@ def load_encoder(spec: ModelSpec, config: Any, views: Sequence[ResolvedView],
     token_views = [v.name for v in views if v.per_token]
     if name == "openvino" and token_views:
         if spec.runtime == "openvino":
-            raise ModelError(f"model.runtime: openvino gives pooled views only; token views "
-                             f"({', '.join(token_views)}) need model.runtime: torch")
+            raise token_views_refusal(token_views)
         name = "torch"  # auto: token views are computed by the torch encoder
     if name == "torch":
         model = load_model(spec, keep_layers=needs.blocks_to_run, need_pooler=needs.pooler,

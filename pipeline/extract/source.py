@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..errors import InputError, first_line
+from ..errors import InputError, UnreadableInputError, first_line
 from ..io.location import Location, is_url, normalize_url, resolve, storage_errors
 from ..spec import InputSpec
 from ..stores.provenance import InputFile
@@ -136,6 +136,85 @@ def scan_input(spec: InputSpec) -> InputScan:
     types = {column: first[column][1] if column in first else pa.null()
              for _, column in _typed_columns(spec)}
     return InputScan(tuple(files), types)
+
+
+SHOWN_REPEATS = 3  # repeated ids named in the message, and rows named for each
+
+
+def check_unique_ids(spec: InputSpec, scan: InputScan, incremental: bool = False) -> None:
+    """Every id names one row, unless the job says `input.unique_ids: false`: a store's
+    lookups by id would otherwise take one of its rows silently. The id column alone is
+    read, file by file, and kept as one 64-bit hash per row (8 bytes a row, whatever the
+    ids); only rows whose hash repeats are read again, to name them exactly."""
+    if not spec.id_column or not spec.unique_ids:
+        return
+    hashes = [_id_hashes(_read_ids(spec, f.path)) for f in scan.files]
+    every = np.concatenate(hashes) if hashes else np.empty(0, np.uint64)
+    order = np.argsort(every, kind="stable")  # equal hashes end up side by side, rows ascending
+    ranked = every[order]
+    repeats = np.flatnonzero(ranked[1:] == ranked[:-1])
+    if not len(repeats):
+        return
+    candidates = np.unique(order[np.union1d(repeats, repeats + 1)])  # rows, ascending
+    found = _repeated_ids(spec, scan, candidates)
+    if not found:
+        return  # hashes that collided for different ids: nothing repeats
+    shown = "; ".join(f"{value!r} on rows {', '.join(map(str, rows[:SHOWN_REPEATS]))}"
+                      + (", ..." if len(rows) > SHOWN_REPEATS else "")
+                      for value, rows in found[:SHOWN_REPEATS])
+    more = f" (and {len(found) - SHOWN_REPEATS} more repeated ids)" \
+        if len(found) > SHOWN_REPEATS else ""
+    fix = ("an incremental run matches rows to the store by id" if incremental else
+           "set input.unique_ids: false to allow repeats; lookups by a repeated id are then "
+           "refused")
+    raise InputError(f"input.id_column: ids in column {spec.id_column!r} of {spec.path} "
+                     f"repeat: {shown}{more}; each id must name one row ({fix})")
+
+
+def _read_ids(spec: InputSpec, file: str) -> pa.Array:
+    """The id column of one file (nothing else read)."""
+    assert spec.id_column is not None  # callers check
+    pf = _open(file, spec.storage_options)
+    try:
+        with storage_errors(file, "input.path", InputError):
+            column = pf.read(columns=[spec.id_column]).column(0)
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"input.id_column: {file} cannot be read (column "
+                         f"{spec.id_column!r}): {first_line(exc)}") from None
+    return plain_array(column)
+
+
+def _id_hashes(ids: pa.Array) -> np.ndarray:
+    """One uint64 per id; equal ids hash alike across files (integers of any width)."""
+    from pandas.util import hash_array
+
+    if pa.types.is_integer(ids.type):
+        values = ids.cast(pa.int64()).to_numpy(zero_copy_only=False)
+    else:
+        values = np.asarray(ids.to_numpy(zero_copy_only=False), dtype=object)
+    hashed = hash_array(values)
+    nulls = ids.is_null().to_numpy(zero_copy_only=False)
+    if nulls.any():  # a null is no id (refused where its partition is read): never a repeat
+        hashed[nulls] = np.arange(nulls.sum(), dtype=np.uint64) ^ np.uint64(0x9E3779B97F4A7C15)
+    return np.asarray(hashed, dtype=np.uint64)
+
+
+def _repeated_ids(spec: InputSpec, scan: InputScan, rows: np.ndarray
+                  ) -> list[tuple[Any, list[int]]]:
+    """The ids at global `rows` (ascending) that name more than one of them, each with
+    its rows, in the order of their first row."""
+    values: list[Any] = []
+    start = 0
+    for f in scan.files:
+        inside = rows[(rows >= start) & (rows < start + f.rows)] - start
+        if len(inside):
+            values += _read_ids(spec, f.path).take(pa.array(inside)).to_pylist()
+        start += f.rows
+    by_id: dict[Any, list[int]] = {}
+    for row, value in zip(rows.tolist(), values, strict=True):
+        if value is not None:
+            by_id.setdefault(value, []).append(row)
+    return [(value, found) for value, found in by_id.items() if len(found) > 1]
 
 
 def plan_partitions(spec: InputSpec, partition_rows: int,
@@ -309,7 +388,8 @@ def read_partition(spec: InputSpec, part: Partition) -> PartitionRows:
             table = pf.read_row_groups(groups, columns=columns)
     except (OSError, pa.ArrowException) as exc:
         last = part.file_offset + part.n_rows - 1
-        raise InputError(f"input.path: {part.file} cannot be read at rows {part.file_offset}-"
+        raise UnreadableInputError(f"input.path: {part.file} cannot be read at rows "
+                                   f"{part.file_offset}-"
                          f"{last} (row groups {groups[0]}-{groups[-1]}): "
                          f"{first_line(exc)}") from None
     table = table.slice(part.file_offset - first_row, part.n_rows)

@@ -530,11 +530,51 @@ def storage_errors(url: str, key: str, error: type[BertpipeError]) -> Iterator[N
         raise failure from None
 
 
+# Protocols whose first path component is a bucket (container) that must exist beforehand.
+BUCKET_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az"})
+
+
 def check_reachable(location: Location, key: str, error: type[BertpipeError]) -> None:
-    """Fail fast, before anything is written, when the store's endpoint cannot be reached or
-    refuses the credentials (a remote location only)."""
+    """Fail fast, before anything is written, where the store could not be written: a
+    local folder that cannot be made (a file in its way, no permission), an endpoint that
+    cannot be reached or refuses the credentials, a bucket that does not exist."""
     if location.local:
+        check_creatable(Path(location.path), key, error)
         return
     with storage_errors(location.url, key, error):
         location.info()  # S3: a HEAD and a prefix listing, each refused without credentials
+        bucket = location.path.split("/", 1)[0]
+        if protocol_of(location.url) in BUCKET_PROTOCOLS and not location.fs.exists(bucket):
+            raise error(f"{key}: {location.url}: bucket {bucket!r} does not exist; create it "
+                        "first, or fix the path (nothing was written)")
+
+
+def check_creatable(path: Path, key: str, error: type[BertpipeError]) -> None:
+    """`path` is a folder, or can be made: its nearest existing ancestor is a folder this
+    process may write in."""
+    if path.is_dir():
+        return
+    parent = next((p for p in path.parents if os.path.lexists(p)), None)
+    if path.exists() or parent is None:
+        return  # a file at `path` itself: the store's own checks name it
+    if not parent.is_dir():
+        raise error(f"{key}: cannot create {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise error(f"{key}: cannot create {path}: no permission to write in {parent}")
+
+
+@contextlib.contextmanager
+def disk_full_errors(path: str, key: str, error: type[BertpipeError]) -> Iterator[None]:
+    """A write that fails for want of space (a full disk, a quota, a file-size limit) as
+    one line: what was written stays (staged partitions, a store left incomplete), so a
+    rerun resumes once there is room."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise
+        reason = exc.strerror or first_line(exc)
+        raise error(f"{key}: {path}: the disk is full or the file is too large ({reason}); "
+                    "the store is left incomplete: free space (or raise the file size "
+                    "limit) and rerun, the rerun resumes") from None
 

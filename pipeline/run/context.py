@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import PartitionError
+from ..errors import BertpipeError, PartitionError, UnreadableInputError
 from ..extract.model import model_fingerprint
 from ..extract.preflight import Plan as CheckedPlan
 from ..extract.preflight import preflight
@@ -26,7 +26,7 @@ from ..spec import Job
 from ..stores import Staging
 from ..stores.markers import PartitionMarker
 from ..stores.provenance import InputFile
-from .executors import Executor, OnDone
+from .executors import Executor, Failures, OnDone
 from .output import OutputSession
 from .record import OnPlan, RunSummary, collect, now_iso
 
@@ -113,6 +113,19 @@ def run_partitions(work: PartitionWork, executor: Executor, output: OutputSessio
     summary.run = len(pending) - len(failures)
     summary.failed = [f"{work.describe(p)}: {msg}" for p, msg in failures]
     if failures:
-        raise PartitionError(f"{len(failures)} of {len(parts)} {work.label} failed, the others "
-                             f"are kept for a rerun{work.unchanged}; first: {summary.failed[0]}")
+        raise _failed(work, failures, summary.failed[0])
     return [done[p.index] for p in parts]
+
+
+def _failed(work: PartitionWork, failures: Failures, first: str) -> BertpipeError:
+    """The run's error for its failed partitions (`first`: the first, as described): the
+    input's (exit 3) when part of the input cannot be read, since a rerun would fail alike
+    until the file is replaced; else a PartitionError (exit 6: worth a rerun)."""
+    total = len(work.parts)
+    unreadable = [reason for _, reason in failures if getattr(reason, "unreadable_input", False)]
+    if unreadable:
+        return UnreadableInputError(
+            f"{unreadable[0]}; {len(failures)} of {total} {work.label} failed, the others are "
+            "kept: replace or repair the file, then rerun (finished partitions are skipped)")
+    return PartitionError(f"{len(failures)} of {total} {work.label} failed, the others are "
+                          f"kept for a rerun{work.unchanged}; first: {first}")

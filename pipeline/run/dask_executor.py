@@ -203,7 +203,7 @@ class DaskExecutor:
                           resources=resources, pure=False): part
             for part in parts
         }
-        failures = []
+        failures: Failures = []
         for future in as_completed(futures):
             part = futures[future]
             try:
@@ -295,13 +295,46 @@ def _probe(address: str, seconds: float) -> None:
         raise JobError(f"execution.scheduler: {address!r} is not a scheduler address "
                        f"({first_line(exc)})") from None
     try:
-        socket.create_connection((host, port), timeout=seconds).close()
+        with socket.create_connection((host, port), timeout=seconds) as probe:
+            first = _first_bytes(probe)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         if isinstance(exc, TimeoutError):
             reason = f"no answer within {seconds:g} s"
         raise SchedulerError(f"execution.scheduler: cannot reach the Dask scheduler at "
                              f"{address} ({reason})") from None
+    if first is None:
+        # why refuse: a Dask scheduler greets first; a service that waits for a request (an
+        # HTTP server) would answer the client's greeting with bytes Dask reads as a frame
+        # length of exabytes
+        raise SchedulerError(f"execution.scheduler: cannot reach the Dask scheduler at "
+                             f"{address} (no answer within {seconds:g} s: something listens "
+                             "there but does not greet as a Dask scheduler does; is it one?)")
+    if len(first) < 8 or int.from_bytes(first[:8], "little") > MAX_GREETING:
+        raise SchedulerError(f"execution.scheduler: {address} is not a Dask scheduler (it "
+                             f"answered {first[:16]!r}); check the host and port")
+
+
+# A Dask scheduler's greeting (its handshake) is a few hundred bytes, sent as an 8-byte
+# little-endian length and the frames; anything claiming more is not a Dask greeting.
+MAX_GREETING = 1 << 20
+
+
+def _first_bytes(conn: socket.socket) -> bytes | None:
+    """The first bytes a peer sends unasked (up to 16), b"" if it closes, or None when it
+    says nothing within the socket's timeout."""
+    data = b""
+    try:
+        while len(data) < 16:
+            chunk = conn.recv(16 - len(data))
+            if not chunk:
+                break
+            data += chunk
+            if len(data) >= 8:
+                break
+    except TimeoutError:
+        return data or None
+    return data
 
 
 

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from ..errors import BertpipeError, JobError
+from ..errors import BertpipeError, JobError, UnreadableInputError
 from ..extract.partition import Extractor
 from ..extract.source import Partition
 from ..io.location import scrub
@@ -87,12 +87,21 @@ def stage_partition(staging: Staging, encoded: Encoded) -> PartitionMarker:
     return staging.write_part(encoded.marker, encoded.tables)
 
 
-def failure_reason(exc: BaseException) -> str:
+class Reason(str):
+    """A failed partition's one line; `unreadable_input` when the input's own bytes could
+    not be read (a damaged page), which a rerun cannot cure."""
+
+    unreadable_input = False
+
+
+def failure_reason(exc: BaseException) -> Reason:
     """One line for a failed partition, the same whichever executor ran it."""
     if isinstance(exc, BertpipeError):
-        return scrub(str(exc))
+        reason = Reason(scrub(str(exc)))
+        reason.unreadable_input = isinstance(exc, UnreadableInputError)
+        return reason
     first = scrub((str(exc).strip().splitlines() or [""])[0])
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return Reason(f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
 
 
 class InProcessExecutor:

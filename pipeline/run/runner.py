@@ -16,7 +16,13 @@ from typing import Any
 
 from ..errors import JobError, StoreError
 from ..extract.source import Partition
-from ..io.location import check_reachable, register_options, resolve, storage_errors
+from ..io.location import (
+    check_reachable,
+    disk_full_errors,
+    register_options,
+    resolve,
+    storage_errors,
+)
 from ..post.apply import fit_view
 from ..spec import Job, check_incremental
 from ..stores import Layout, Staging, format_named
@@ -52,7 +58,8 @@ def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None =
     8, or 3 for the input and 5 for the store), wherever in the run it happens."""
     # the formats and verify get only the store's path: they find its options by it
     register_options(job.output.path, job.output.storage_options)
-    with storage_errors(job.output.path, "output.path", StoreError):
+    with storage_errors(job.output.path, "output.path", StoreError), \
+            disk_full_errors(job.output.path, "output.path", StoreError):
         return _run_job(job, executor, on_done, overwrite, on_plan, job_file, summary,
                         incremental, prune, say)
 

@@ -75,18 +75,20 @@ class Staging:
     def write_tables(self, index: int, tables: Mapping[str, pa.Table | None]
                      ) -> dict[str, str]:
         """Write a partition's part files (each whole); their SHA-256 by level."""
-        self.confirm(f"write partition {index}")
-        checksums = {}
+        encoded = {}
         for level, table in tables.items():
             if table is None:
                 continue
             buffer = io.BytesIO()
             # why: parts are read back whole at commit; no dictionary for float vectors
             pq.write_table(table, buffer, compression="zstd", use_dictionary=False)
-            data = buffer.getvalue()
+            encoded[level] = buffer.getvalue()
+        # encoded first, checked last: what separates the fencing check from the writes is
+        # only the writes themselves
+        self.confirm(f"write partition {index}")
+        for level, data in encoded.items():
             self.part(index, level).write_bytes(data)
-            checksums[level] = hashlib.sha256(data).hexdigest()
-        return checksums
+        return {level: hashlib.sha256(data).hexdigest() for level, data in encoded.items()}
 
     def write_part(self, marker: PartitionMarker, tables: Mapping[str, pa.Table | None]
                    ) -> PartitionMarker:
