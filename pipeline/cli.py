@@ -521,7 +521,8 @@ def index(store_path: str, view: str, level: str, nprobe: int) -> None:
 @click.option("--id", "row_id", default=None, help="The row: its id (input.id_column), or its "
               "row number when the job has no id column.")
 @click.option("--chunk", default=0, show_default=True, help="Which chunk of the row.")
-@click.option("--layers", default=None, help="Comma-separated transformer blocks, 0-based, "
+@click.option("--layers", default=None, help="Comma-separated layers 1..L (layer k is the "
+              "attention inside transformer block k, whose output is hidden state k), "
               "negative from the end (default: all).")
 @click.option("--heads", default=None, help="Comma-separated heads (default: all).")
 @click.option("--summary", is_flag=True, help="Per-head statistics over --sample rows "
@@ -540,7 +541,7 @@ def attention(job_file: str, overrides: tuple[str, ...], row_id: str | None, chu
 
     \b
     Examples:
-      bertpipe attention jobs/reviews.yaml --id 48134 --layers 0,5 --out out/att
+      bertpipe attention jobs/reviews.yaml --id 48134 --layers 1,-1 --out out/att
       bertpipe attention jobs/reviews.yaml --summary --sample 200 --out out/att
     """
     from .analysis.attention import attention_for_row, summarize_heads
