@@ -538,6 +538,26 @@ ROWS = [
         "none.zarr"),
     Row("unlock a path that is no store", _cli("unlock", lambda w: str(w.tmp / "none.zarr")),
         5, "none.zarr: no such store"),
+    # ---- option order: -q/-v after the command, as before it -----------------------------
+    Row("extract -q after the command: the job's error, not an option error", _cli(
+        "extract", "-q", _job(_views(deep={"layers": [5], "pooling": "mean"}))), 2,
+        "views.deep.layers: 5 is out of range for a model with 2 layers"),
+    Row("extract --quiet after the job file", _cli(
+        "extract", _job(_views(deep={"layers": [5], "pooling": "mean"})), "--quiet"), 2,
+        "views.deep.layers"),
+    Row("-q before and -v after the command", _cli(
+        "-q", "validate", _job(_views(deep={"layers": [5], "pooling": "mean"})), "-v"), 2,
+        "views.deep.layers"),
+    Row("probe -v after the store, bad --folds", _cli("probe", ZARR, "-v", "--label", "stars",
+                                                      "--folds", "1"), 2,
+        "'--folds': 1 is not in the range x>=2"),
+    Row("search -q between query words", _cli("search", ZARR, "good", "-q", "drug", "-k", "0"),
+        2, "'-k': 0 is not in the range x>=1"),
+    Row("attention -q, --layers 0", _cli("attention", _job(), "-q", "--id", "r0", "--layers",
+                                         "0", "--out", lambda w: str(w.tmp / "a")), 2,
+        "--layers: 0 is the embeddings (hidden state 0), which have no attention"),
+    Row("an unknown short option after the command", _cli("extract", "-x", _job()), 2,
+        "No such option '-x'"),
     # ---- a store that never finished (item 7) ------------------------------------------
     Row("api: open_store(require_complete=False) on a store that never committed",
         _api(_staged_only), 5, "store is incomplete and has no provenance yet",
