@@ -141,8 +141,9 @@ def full_run(job: Job, executor: Executor | None = None, on_done: OnDone | None 
     summary.rows = summary.added = parts[-1].row_stop
     summary.chunks = sum(m["n_chunks"] for m in markers)
     summary.tokens = sum(m["n_tokens"] for m in markers)
-    summary.encoded = encoded_rows(markers)
-    summary.copied = summary.rows - summary.encoded
+    ran = [done[p.index] for p in pending]  # not the partitions a resume found done
+    summary.encoded = encoded_rows(ran)
+    summary.copied = sum(m["rows"][1] - m["rows"][0] for m in ran) - summary.encoded
     summary.wall_s = time.perf_counter() - started
     return summary
 
