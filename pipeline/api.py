@@ -54,44 +54,58 @@ class Store(StoreData):
         ids = np.asarray(self.docs["id"].values)
         found = np.flatnonzero(ids == id_value)
         if not len(found):
-            raise StoreError(f"{self.path}: no document with id {id_value!r}")
+            raise StoreError(f"{self.path}: no document with id {id_value!r}"
+                             f"{_id_hint(ids, id_value)}")
         if len(found) > 1:
             rows = ", ".join(str(r) for r in found[:5]) + (", ..." if len(found) > 5 else "")
             raise StoreError(f"{self.path}: id {id_value!r} is ambiguous: it names "
                              f"{len(found)} rows ({rows}); select by row number instead")
         return int(found[0])
 
-    def tokens(self, view: str, row_or_id: int | str) -> TokenVectors:
-        """One document's tokens, offsets and (n, D) vectors of token view `view`.
-
-        An `int` is a row number; any other value is looked up as an id (for an integer
-        id column, pass `store.row_of(id)`). Special tokens are not stored; tokens cut
-        off by `chunking.strategy: truncate` are not either.
+    def tokens(self, view: str, id: object = None, *, row: int | None = None) -> TokenVectors:
+        """One document's tokens, offsets and (n, D) vectors of token view `view`, by its id
+        (`store.tokens("tok", 48134)`: the value of the job's id column, whatever its type)
+        or by its row number, named (`store.tokens("tok", row=0)`): an integer id is never
+        taken for a row. Special tokens are not stored; tokens cut off by
+        `chunking.strategy: truncate` are not either.
         """
         if self.token_dataset is None or view not in self.token_views:
             raise StoreError(f"{self.path}: no token view {view!r}; token views: "
                              f"{', '.join(self.token_views) or 'none (pooling: tokens)'}")
-        row = row_or_id if isinstance(row_or_id, (int, np.integer)) \
-            else self.row_of(row_or_id)
-        n = int(self.docs.sizes["doc"])
-        if not 0 <= row < n:
-            raise StoreError(f"{self.path}: row {row} is out of range (0..{n - 1})")
-        start = int(self.docs["token_offset"][row])  # reads one block, not the column
-        count = int(self.docs["token_count"][row])
+        at = self._document(id, row)
+        start = int(self.docs["token_offset"][at])  # reads one block, not the column
+        count = int(self.docs["token_count"][at])
         part = self.token_dataset.isel(piece=slice(start, start + count))
         frame = pd.DataFrame({k: np.asarray(part[k].values) for k in TOKEN_FIELDS})
-        return TokenVectors(row, view, frame, np.asarray(part[view].values))
+        return TokenVectors(at, view, frame, np.asarray(part[view].values))
 
-    def token_span_vectors(self, view: str, row_or_id: int | str, start: int,
-                           end: int) -> TokenVectors:
-        """The tokens of one document that overlap the character span [start, end)
-        (a token overlaps when token.start < end and token.end > start)."""
+    def token_span_vectors(self, view: str, id: object = None, *, start: int, end: int,
+                           row: int | None = None) -> TokenVectors:
+        """The tokens of one document (by id, or `row=`) that overlap the character span
+        [start, end) (a token overlaps when token.start < end and token.end > start)."""
         if end < start:
             raise StoreError(f"span: end {end} is before start {start}")
-        every = self.tokens(view, row_or_id)
+        every = self.tokens(view, id, row=row)
         inside = ((every.frame["start"] < end) & (every.frame["end"] > start)).to_numpy()
         return TokenVectors(every.row, view, every.frame[inside].reset_index(drop=True),
                             every.vectors[inside])
+
+    def _document(self, id_value: object, row: int | None) -> int:
+        """The row meant: by id, or by the row number given as `row=` (never both)."""
+        if id_value is None and row is None:
+            raise StoreError("give a document's id (store.tokens(view, 48134)) or its row "
+                             "number as row= (store.tokens(view, row=0))")
+        if id_value is not None and row is not None:
+            raise StoreError(f"give the document's id ({id_value!r}) or row={row}, not both")
+        if row is None:
+            return self.row_of(id_value)
+        n = int(self.docs.sizes["doc"])
+        if isinstance(row, bool) or not isinstance(row, (int, np.integer)) \
+                or not 0 <= row < n:
+            raise StoreError(f"{self.path}: row={row!r} is not a row number of this store "
+                             f"(0..{n - 1}); for a document by its id, pass the id itself "
+                             "(without row=)")
+        return int(row)
 
     def chunk_texts(self, row: int, text: str | None = None) -> pd.DataFrame:
         """One document's chunks with their text and vectors, in document order.
@@ -119,6 +133,20 @@ class Store(StoreData):
         if isinstance(texts, str):
             return search(self, [texts], view, k, level, exact)[0]
         return search(self, texts, view, k, level, exact)
+
+
+def _id_hint(ids: np.ndarray, wanted: object) -> str:
+    """Why an id was not found when it is there as another type, and that row= exists."""
+    hint = ""
+    if len(ids) and str(wanted) in {str(v) for v in ids}:  # the id, as another type
+        sample = ids[0].item() if isinstance(ids[0], np.generic) else ids[0]
+        text = isinstance(sample, str)
+        hint = (f"; this store's ids are {'text' if text else 'numbers'} (e.g. {sample!r}): "
+                f"pass {str(wanted)!r}" if text else f"; this store's ids are numbers "
+                f"(e.g. {sample!r}): pass {wanted}")
+    if isinstance(wanted, (int, np.integer)) and not isinstance(wanted, bool):
+        hint += f" (looked up as an id; for the document at row {wanted}, pass row={wanted})"
+    return hint
 
 
 def open_store(path: str | Path, require_complete: bool = True,

@@ -118,6 +118,28 @@ def main(ctx: click.Context, verbose: bool, quiet: bool) -> None:
         logging.getLogger(chatty).setLevel(logging.WARNING)
 
 
+def _quiet_after(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.find_root().ensure_object(dict)["quiet"] = True
+
+
+def _verbose_after(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value:  # the group's callback has run by now: raise the level it set
+        logging.getLogger().setLevel(logging.INFO)
+
+
+def verbosity(fn: F) -> F:
+    """-q/-v after the command too (`bertpipe extract -q job.yaml`), as before it."""
+    fn = click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=_quiet_after,
+                      help="As bertpipe -q: no progress lines.")(fn)
+    return click.option("-v", "--verbose", is_flag=True, expose_value=False,
+                        callback=_verbose_after, help="As bertpipe -v: log details.")(fn)
+
+
+def _quiet() -> bool:
+    return bool((click.get_current_context().find_root().obj or {}).get("quiet"))
+
+
 set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
                           help="Override a job key, e.g. --set output.path=out/x.zarr.")
 
@@ -127,6 +149,7 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALU
 @set_option
 @click.option("--schema-only", is_flag=True, help="Check the file alone: skip the model "
               "config and the input's Parquet metadata (e.g. where they are not mounted).")
+@verbosity  # last in --help: the command's own options first
 @_user_errors
 def validate(job_file: str, overrides: tuple[str, ...], schema_only: bool) -> None:
     """Check a job without running it: the file, the model's config and tokenizer (no
@@ -174,6 +197,7 @@ def _checked_before_writing(job: Any, job_file: str) -> Any:
               "rows with new ids or changed texts (as output.incremental: true).")
 @click.option("--prune", is_flag=True, help="With --incremental: remove rows whose ids are "
               "gone from the input (by default they are kept, present=false).")
+@verbosity
 @_user_errors
 def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
             scheduler: str | None, dry_run: bool, summary_file: str | None,
@@ -244,8 +268,7 @@ def _extract(job_file: str, overrides: tuple[str, ...], overwrite: bool, schedul
     from .run.progress import Progress
     from .run.runner import executor_for, run_job
 
-    quiet = bool((click.get_current_context().find_root().obj or {}).get("quiet"))
-    with Progress(quiet=quiet) as progress, _terminate_as_exit():
+    with Progress(quiet=_quiet()) as progress, _terminate_as_exit():
         if summary is not None:
             summary.path = job.output.path
         executor = executor_for(job, say=progress.message, on_batch=progress.batch_done)
@@ -278,6 +301,7 @@ def _terminate_as_exit() -> Iterator[None]:
 
 @main.command()
 @click.argument("store_path", type=click.Path())
+@verbosity
 @_user_errors
 def unlock(store_path: str) -> None:
     """Remove a stale lock left by a run that died (never the lock of a running process).
@@ -319,6 +343,7 @@ def unlock(store_path: str) -> None:
               help="Another store whose vocabulary fit is shown side by side.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text "
               "(schemas/inspect.schema.json).")
+@verbosity
 @_user_errors
 def inspect(store_path: str, geometry: bool, sample: int, other_path: str | None,
             as_json: bool) -> None:
@@ -352,6 +377,7 @@ def inspect(store_path: str, geometry: bool, sample: int, other_path: str | None
 
 @main.command()
 @click.argument("store_path", type=click.Path())
+@verbosity
 @_user_errors
 def verify(store_path: str) -> None:
     """Check a store: checksums, rows, views.
@@ -382,6 +408,7 @@ def verify(store_path: str) -> None:
 @click.option("--normalize", is_flag=True, help="L2-normalise after the transform.")
 @click.option("--name", default=None, help="Name of the new view (default VIEW_METHOD): "
               "letters, digits and _, not a name the store already has.")
+@verbosity
 @_user_errors
 def postprocess(store_path: str, view: str, method: str, dims: int | None, top: int | None,
                 normalize: bool, name: str | None) -> None:
@@ -414,6 +441,7 @@ def postprocess(store_path: str, view: str, method: str, dims: int | None, top: 
 @click.option("--chunks", "level", flag_value="chunks", default="docs",
               help="Search chunk vectors instead of documents.")
 @click.option("--exact", is_flag=True, help="Scan the store even when an index exists.")
+@verbosity
 @_user_errors
 def search(store_path: str, query: tuple[str, ...], view: str | None, k: int,
            level: str, exact: bool) -> None:
@@ -465,6 +493,7 @@ def search(store_path: str, query: tuple[str, ...], view: str | None, k: int,
               help="--learning-curve: these sizes instead of 50, 100, 200, ...")
 @click.option("--curve-repeats", default=3, show_default=True,
               help="--learning-curve: subsamples (seeds) per fold and size.")
+@verbosity
 @_user_errors
 def probe(store_path: str, label: str, labels_file: str | None, label_column: str | None,
           id_column: str, view_names: str | None, layers: bool, scalar_mix: str | None,
@@ -495,7 +524,7 @@ def probe(store_path: str, label: str, labels_file: str | None, label_column: st
 
     report = run_probe(store, labels, views, folds=folds, seed=seed, scalar_mix=scalar_mix,
                        learning_curve=learning_curve, curve_sizes=sizes,
-                       curve_repeats=curve_repeats, on_view=Progress().message)
+                       curve_repeats=curve_repeats, on_view=Progress(quiet=_quiet()).message)
     click.echo(table(report))
     paths = write_outputs(report, out_dir or _beside(store_path, "-probe"))
     click.echo(f"wrote {paths['json']}, {paths['html']}")
@@ -523,6 +552,7 @@ def _int_list(text: str, option: str) -> list[int]:
               help="Index chunk vectors instead of documents.")
 @click.option("--nprobe", default=16, show_default=True, type=click.IntRange(min=1),
               help="Lists scanned per query.")
+@verbosity
 @_user_errors
 def index(store_path: str, view: str, level: str, nprobe: int) -> None:
     """Build an approximate nearest-neighbour index (FAISS) beside the store.
@@ -544,7 +574,8 @@ def index(store_path: str, view: str, level: str, nprobe: int) -> None:
 @click.option("--id", "row_id", default=None, help="The row: its id (input.id_column), or its "
               "row number when the job has no id column.")
 @click.option("--chunk", default=0, show_default=True, help="Which chunk of the row.")
-@click.option("--layers", default=None, help="Comma-separated transformer blocks, 0-based, "
+@click.option("--layers", default=None, help="Comma-separated layers 1..L (layer k is the "
+              "attention inside transformer block k, whose output is hidden state k), "
               "negative from the end (default: all).")
 @click.option("--heads", default=None, help="Comma-separated heads (default: all).")
 @click.option("--summary", is_flag=True, help="Per-head statistics over --sample rows "
@@ -555,6 +586,7 @@ def index(store_path: str, view: str, level: str, nprobe: int) -> None:
               "--summary.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for attention.html + attention.npz (or the summary's files).")
+@verbosity
 @_user_errors
 def attention(job_file: str, overrides: tuple[str, ...], row_id: str | None, chunk: int,
               layers: str | None, heads: str | None, summary: bool, sample: int, seed: int,
@@ -563,7 +595,7 @@ def attention(job_file: str, overrides: tuple[str, ...], row_id: str | None, chu
 
     \b
     Examples:
-      bertpipe attention jobs/reviews.yaml --id 48134 --layers 0,5 --out out/att
+      bertpipe attention jobs/reviews.yaml --id 48134 --layers 1,-1 --out out/att
       bertpipe attention jobs/reviews.yaml --summary --sample 200 --out out/att
     """
     from .analysis.attention import attention_for_row, summarize_heads

@@ -300,8 +300,78 @@ def headless(page: Path, tmp_path: Path, *args: str) -> Any:
     console to stderr so a test can check it for errors."""
     import subprocess
 
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+             "--disable-background-networking",
              "--no-first-run", "--disable-component-update", "--disable-sync",
              "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'profile'}"]
     return subprocess.run([chromium(), *flags, *args, page.as_uri()], capture_output=True,
                           text=True, timeout=120, check=True)
+
+
+# Put first in a page's <head>: every uncaught error, console.error and console.warn of the
+# page is kept, so a test sees them even though chromium's log does not say their level.
+RECORDER = """<script>window.__problems = [];
+addEventListener("error", (e) => __problems.push("uncaught: " + e.message));
+for (const level of ["error", "warn"]) {
+  const original = console[level].bind(console);
+  console[level] = (...args) => {
+    __problems.push(level + ": " + args.join(" ")); original(...args); };
+}</script>"""
+
+
+def browse(page: Path, tmp_path: Path, actions: str = "return null;",
+           width: int = 1280, height: int = 900) -> dict[str, Any]:
+    """Open a copy of `page` in headless chromium at width x height, run `actions` (the
+    body of a JS function, e.g. clicks and synthetic mouse events) after the page's own
+    scripts, and return what was seen: `result` (the function's value), `problems` (errors
+    and console errors/warnings), `resources` (every URL the page requested, data: URIs
+    aside), `scroll_width` and `inner_width`."""
+    import html as html_lib
+    import re
+
+    text = page.read_text(encoding="utf-8")
+    report = ("<script>(function () { let result, failed = null;"
+              f" try {{ result = (function () {{ {actions} }})(); }}"
+              " catch (e) { failed = String(e); }"
+              " const pre = document.createElement('pre'); pre.id = '__report';"
+              " pre.textContent = JSON.stringify({result, failed, problems: __problems,"
+              " resources: performance.getEntriesByType('resource').map((r) => r.name),"
+              " scroll_width: document.documentElement.scrollWidth,"
+              " inner_width: innerWidth});"
+              " document.body.appendChild(pre); })();</script>")
+    head = text.index("<head>") + len("<head>")
+    copy = page.with_name(page.stem + ".browsed.html")
+    end = text.rindex("</body>")
+    copy.write_text(text[:head] + RECORDER + text[head:end] + report + text[end:],
+                    encoding="utf-8")
+    shown = headless(copy, tmp_path, "--dump-dom", f"--window-size={width},{height}")
+    found = re.search(r'<pre id="__report">(.*?)</pre>', shown.stdout, re.S)
+    assert found, f"the page never finished: {shown.stderr[-2000:]}"
+    seen: dict[str, Any] = json.loads(html_lib.unescape(found.group(1)))
+    assert seen["failed"] is None, seen["failed"]
+    return seen
+
+
+def screenshot(page: Path, tmp_path: Path, width: int, height: int) -> Any:
+    """The page as chromium draws it at width x height (an RGB array)."""
+    from PIL import Image
+
+    shot = tmp_path / f"{page.stem}-{width}x{height}.png"
+    headless(page, tmp_path, f"--screenshot={shot}", f"--window-size={width},{height}")
+    return np.asarray(Image.open(shot).convert("RGB")).astype(int)
+
+
+def colour_bars(pixels: Any, length: int = 150) -> list[tuple[int, int, int]]:
+    """Where a screenshot shows a white → dark blue bar: (y, x_start, x_end) of each pixel
+    row with a run of at least `length` pixels whose red falls steadily from white (≥ 235)
+    to dark (≤ 20) while blue stays high."""
+    found = []
+    for y in range(pixels.shape[0]):
+        red, blue = pixels[y, :, 0], pixels[y, :, 2]
+        step = np.diff(red)
+        steady = (step <= 0) & (step >= -6) & (blue[1:] >= 90)
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], steady.astype(int), [0]])))
+        for start, stop in zip(edges[::2], edges[1::2], strict=True):
+            if stop - start >= length and red[start] >= 235 and red[stop] <= 20:
+                found.append((y, int(start), int(stop)))
+    return found

@@ -670,6 +670,26 @@ ROWS = [
     Row("probe --labels with a class of one row (plain value shown)", _probe_labels(
         {"id": [f"r{i}" for i in range(N)], "y": ["pos"] * (N - 1) + ["neg"]}), 3,
         "label class 'neg' has 1 example"),
+    # ---- option order: -q/-v after the command, as before it -----------------------------
+    Row("extract -q after the command: the job's error, not an option error", _cli(
+        "extract", "-q", _job(_views(deep={"layers": [5], "pooling": "mean"}))), 2,
+        "views.deep.layers: 5 is out of range for a model with 2 layers"),
+    Row("extract --quiet after the job file", _cli(
+        "extract", _job(_views(deep={"layers": [5], "pooling": "mean"})), "--quiet"), 2,
+        "views.deep.layers"),
+    Row("-q before and -v after the command", _cli(
+        "-q", "validate", _job(_views(deep={"layers": [5], "pooling": "mean"})), "-v"), 2,
+        "views.deep.layers"),
+    Row("probe -v after the store, bad --folds", _cli("probe", ZARR, "-v", "--label", "stars",
+                                                      "--folds", "1"), 2,
+        "'--folds': 1 is not in the range x>=2"),
+    Row("search -q between query words", _cli("search", ZARR, "good", "-q", "drug", "-k", "0"),
+        2, "'-k': 0 is not in the range x>=1"),
+    Row("attention -q, --layers 0", _cli("attention", _job(), "-q", "--id", "r0", "--layers",
+                                         "0", "--out", lambda w: str(w.tmp / "a")), 2,
+        "--layers: 0 is the embeddings (hidden state 0), which have no attention"),
+    Row("an unknown short option after the command", _cli("extract", "-x", _job()), 2,
+        "No such option '-x'"),
     # ---- a store that never finished (item 7) ------------------------------------------
     Row("api: open_store(require_complete=False) on a store that never committed",
         _api(_staged_only), 5, "store is incomplete and has no provenance yet",

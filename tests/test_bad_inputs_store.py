@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -233,6 +234,35 @@ def complete_store_input_file_added(w: World) -> list[Any]:
     return ["extract", job]
 
 
+def complete_store_of_another_view(w: World) -> list[Any]:
+    assert run("extract", w.job(w.tmp / "o.zarr")).exit_code == 0
+    views = {"mean": {"pooling": "mean", "normalize": True}, "cls": {"pooling": "cls"}}
+    return ["extract", w.job(w.tmp / "o.zarr", views=views)]
+
+
+def interrupted_run_of_another_chunking(w: World) -> list[Any]:
+    w.interrupted(w.job(w.tmp / "o.zarr"))
+    return ["extract", w.job(w.tmp / "o.zarr", chunking={"strategy": "hierarchical"},
+                             batching={"max_batch_size": 4})]
+
+
+def complete_store_of_other_weights(w: World) -> list[Any]:
+    w.model = w.tmp / "own-model"  # a copy whose weights change after the run, in place
+    shutil.copytree(w.tmp / "tiny", w.model)
+    job = w.job(w.tmp / "o.zarr")
+    assert run("extract", job).exit_code == 0
+    weights = w.model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b" ")
+    return ["extract", job]
+
+
+def moved_model(w: World) -> list[Any]:
+    assert run("extract", w.job(w.tmp / "o.zarr")).exit_code == 0
+    w.model = w.tmp / "moved"
+    shutil.copytree(w.tmp / "tiny", w.model)
+    return ["extract", w.job(w.tmp / "o.zarr")]
+
+
 def live_lock(w: World) -> list[Any]:
     job = w.job(w.tmp / "o.zarr")
     _fake_lock(w.tmp / "o.zarr", pid=os.getpid())  # this process: certainly alive
@@ -334,6 +364,13 @@ TABLE = [
     Row(resume_after_input_grew, 5, "texts.parquet changed (rows 10 -> 11"),
     Row(complete_store_input_changed, 5, "is complete, but input file"),
     Row(complete_store_input_file_added, 5, "more.parquet is new"),
+    # what differs from the store's job, named: a vector-defining key first
+    Row(complete_store_of_another_view, 5, "holds output of a different job or model "
+        "(views.mean.normalize: false → true); pass --overwrite to replace it"),
+    Row(interrupted_run_of_another_chunking, 5, "(chunking.strategy: truncate → hierarchical; "
+        "batching.max_batch_size: "),
+    Row(complete_store_of_other_weights, 5, "(the same job keys: the model's weights differ)"),
+    Row(moved_model, 5, "/moved); pass --overwrite"),
     Row(live_lock, 5, "is being written by another run (host"),
     Row(dead_lock_being_taken_over, 5, "is being taken over by another run (the lock of host"),
     Row(fresh_lock_of_another_host, 5, "is being written by another run (host elsewhere, pid 1"),
@@ -359,6 +396,7 @@ TABLE = [
 def test_table(row: Row, tmp_path: Path, tiny_bert: Path, tiny_distilbert: Path,
                monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "no-pooler").symlink_to(tiny_distilbert, target_is_directory=True)
+    (tmp_path / "tiny").symlink_to(tiny_bert, target_is_directory=True)
     world = World(tmp_path, tiny_bert, monkeypatch)
     world.write_input()
     args = row.setup(world)

@@ -5,6 +5,7 @@ and the job is resumed, and with the scheduler taken from the environment."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -183,5 +184,8 @@ def test_local_cluster(tmp_path: Path, source: Path, minilm: Path,
     job = make_job(tmp_path, source, minilm, "local", scheduler="local", workers=workers,
                    threads_per_worker=1)
     out = extract(job)
-    assert "dask scheduler " in out and "dashboard http" in out
+    # the dashboard's URL only where one is served (the scheduler's port answers without
+    # bokeh too, with a page asking to install it)
+    served = importlib.util.find_spec("bokeh") is not None
+    assert "dask scheduler " in out and ("dashboard http" in out) == served
     assert_same(pipeline.open_store(tmp_path / "local.zarr"), clean["cluster"])

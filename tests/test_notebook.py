@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -29,7 +31,30 @@ def test_notebook_runs_top_to_bottom(tmp_path: Path, minilm: Path,
     client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(REPO / "docs")}})
     client.execute()  # raises CellExecutionError, naming the cell, on any failure
-    outputs = [o for cell in notebook.cells if cell.cell_type == "code"
-               for o in cell.get("outputs", [])]
-    text = "\n".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
-    assert "mean view: accuracy" in text
+    text = _printed(notebook)
+    assert "mean view: accuracy" in text and "over the majority class" in text
+    # nothing on stderr: no warnings (an ipywidgets/IProgress one included), no tracebacks
+    assert not [o for o in _outputs(notebook) if o.get("name") == "stderr"], text
+    # the shipped notebook has its outputs, and they are what a run prints now
+    shipped = nbformat.read(REPO / "docs" / "notebook.ipynb", as_version=4)
+    assert all(cell.get("outputs") for cell in shipped.cells if cell.cell_type == "code")
+    assert not [o for o in _outputs(shipped) if o.get("name") == "stderr"]
+    for line in ("mean view: accuracy", "mid4 view: accuracy", "majority class: accuracy"):
+        assert _score(_printed(shipped), line) == pytest.approx(_score(text, line), abs=0.01)
+
+
+def _outputs(notebook: Any) -> list[Any]:
+    return [o for cell in notebook.cells if cell.cell_type == "code"
+            for o in cell.get("outputs", [])]
+
+
+def _printed(notebook: Any) -> str:
+    return "\n".join(o.get("text", "") for o in _outputs(notebook)
+                     if o.get("output_type") == "stream")
+
+
+def _score(text: str, start: str) -> float:
+    """The first number after `start` on its line."""
+    found = re.search(re.escape(start) + r" (\d\.\d+)", text)
+    assert found, (start, text)
+    return float(found.group(1))

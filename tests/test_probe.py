@@ -11,13 +11,14 @@ import pytest
 from click.testing import CliRunner
 
 import pipeline
-from pipeline.analysis.probe import load_labels, run_probe
+from pipeline.analysis.probe import ProbeReport, ProbeResult, load_labels, run_probe
 from pipeline.cli import main
 from tests.conftest import (
     SYNTHETIC_LAYERS,
     SYNTHETIC_ROWS,
     SYNTHETIC_WIDTH,
-    headless,
+    browse,
+    screenshot,
     synthetic_store,
     write_table,
 )
@@ -94,6 +95,13 @@ def test_cli_writes_table_json_html(store: pipeline.Store, tmp_path: Path) -> No
     # progress per view on stderr, the chosen regularisation per fold, the best row marked
     progress = [line for line in result.stderr.splitlines() if "probe: view" in line]
     assert len(progress) == len(data["results"]) and progress[-1].count("/") >= 1
+    # the scalar mix says where it is: each fold's fit, then the fit on every row
+    mix = [line for line in result.stderr.splitlines() if "probe: scalar mix" in line]
+    folds = data["n_folds"]
+    assert [line.split("fit ")[1].split(",")[0] for line in mix] == \
+        [f"{k}/{folds + 1}" for k in range(1, folds + 2)]
+    assert "(mean, 4 layers)" in mix[0] and "every row" in mix[-1]
+    assert "C per fold (inverse L2 strength" in page and "L2 per fold" not in page
     grid = {0.001, 0.01, 0.1, 1.0}  # the inner CV's candidates
     for r in data["results"]:
         assert len(r["regularisation"]) == data["n_folds"] and set(r["regularisation"]) <= grid
@@ -157,7 +165,9 @@ def test_learning_curve_rises_then_flattens(tmp_path: Path) -> None:
     # the last point is the probe itself: same folds, whole training folds
     assert mean[-1] == pytest.approx(data["results"][0]["metrics"]["accuracy"], abs=1e-12)
     assert "learning curve: accuracy" in result.stdout and "l2_mean: flat (" in result.stdout
+    assert "3 folds × 1 seed)" in result.stdout and "1 seeds" not in result.stdout
     page = (out / "probe.html").read_text()
+    assert "(1 seed per fold)" in page and "1 seeds" not in page
     assert "Learning curve" in page and html.escape(curve["reading"]) in page
     assert (out / "learning-curve.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -203,15 +213,79 @@ def test_learning_curve_bad_sizes(store: pipeline.Store) -> None:
     assert result.exit_code == 2 and "--curve-repeats: 0 must be at least 1" in result.stderr
 
 
-def test_probe_html_renders_in_headless_chromium_without_console_errors(
-        store: pipeline.Store, tmp_path: Path) -> None:
+def _report(poolings: list[str], task: str = "classification") -> ProbeReport:
+    """A report made by hand: one view per (pooling, layer 0..6), scores rising with the
+    layer; no fitting."""
+    key = "accuracy" if task == "classification" else "r2"
+    results = [ProbeResult(f"l{layer}_{pooling}", layer, pooling,
+                           {key: 0.5 + layer / 100, f"{key}_std": 0.01, "macro_f1": 0.4,
+                            "macro_f1_std": 0.01, "spearman": 0.1, "spearman_std": 0.0},
+                           [0.1] * 5)
+               for pooling in poolings for layer in range(7)]
+    baseline = {key: 0.4, f"{key}_std": 0.0, "macro_f1": 0.2, "macro_f1_std": 0.0,
+                "spearman": 0.0, "spearman_std": 0.0}
+    return ProbeReport(task, "label", 100, 5, 0, baseline, results)
+
+
+def test_figure_colours_are_fixed_per_pooling_and_layers_are_whole() -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    from pipeline.analysis.report import POOLING_COLOURS, render_html, score_figure
+
+    colours = []
+    for order in (["mean", "cls", "max"], ["max", "attention", "mean"], ["cls"]):
+        fig = score_figure(_report(order))
+        ax = fig.axes[0]
+        lines = {line.get_label(): to_hex(line.get_color()) for line in ax.get_lines()
+                 if not line.get_label().startswith("_") and line.get_label() != "baseline"}
+        handles, labels = ax.get_legend_handles_labels()
+        for handle, label in zip(handles, labels, strict=True):
+            if label != "baseline":
+                lines[label] = to_hex(handle[0].get_color())
+        colours.append(lines)
+        ticks = [float(t) for t in ax.get_xticks() if 0 <= t <= 6]
+        assert ticks and all(t.is_integer() for t in ticks), ticks
+        plt.close(fig)
+    assert colours[0]["mean"] == colours[1]["mean"] == POOLING_COLOURS["mean"]
+    assert colours[0]["max"] == colours[1]["max"] == POOLING_COLOURS["max"]
+    assert colours[0]["cls"] == colours[2]["cls"] == POOLING_COLOURS["cls"]
+    assert len(set(POOLING_COLOURS.values())) == len(POOLING_COLOURS)
+    # the regularisation column says what it holds, for both tasks
+    page = render_html(_report(["mean"]), b"png")
+    assert "C per fold (inverse L2 strength: smaller = more regularised)" in page
+    assert "ridge alpha per fold (L2 strength)" in render_html(_report(["mean"], "regression"),
+                                                                b"png")
+
+
+# Inside the page: every figure decoded and within the window.
+LAYOUT = """
+return [...document.images].map((img) => {
+  const box = img.getBoundingClientRect();
+  return {right: box.right, width: box.width, natural: img.naturalWidth};
+});
+"""
+
+
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_probe_page_fits_the_window_in_headless_chromium(store: pipeline.Store, tmp_path: Path,
+                                                         width: int) -> None:
     out = tmp_path / "report"
     result = CliRunner().invoke(main, ["probe", store.path, "--label", "label", "--views",
-                                       "l1_mean,l2_mean", "--folds", "2", "--out", str(out)])
+                                       "l1_mean,l2_mean,noise", "--folds", "2",
+                                       "--scalar-mix", "mean",  # the widest figure
+                                       "--learning-curve", "--curve-sizes", "30",
+                                       "--curve-repeats", "1", "--out", str(out)])
     assert result.exit_code == 0, result.output
     page = out / "probe.html"
-    shown = headless(page, tmp_path, "--dump-dom")
-    assert '<tr class="best"><td>l2_mean</td>' in shown.stdout  # the best row, rendered
-    assert "<img" in shown.stdout and "Linear probe: label" in shown.stdout
-    console = [line for line in shown.stderr.splitlines() if "CONSOLE" in line]
-    assert not [line for line in console if "error" in line.lower()], console
+    seen = browse(page, tmp_path, LAYOUT, width=width, height=1000)
+    assert not seen["problems"] and not seen["resources"], seen  # no errors, no requests
+    assert seen["scroll_width"] <= seen["inner_width"], seen  # no horizontal scrollbar
+    images = seen["result"]
+    assert len(images) == 2 and all(i["natural"] > 0 for i in images)  # both figures drawn
+    assert all(i["right"] <= seen["inner_width"] for i in images), images
+    text = page.read_text()
+    assert '<tr class="best"><td>l2_mean</td>' in text and "Linear probe: label" in text
+    pixels = screenshot(page, tmp_path, width, 1000)
+    mean_blue = (np.abs(pixels - np.array([0x1F, 0x77, 0xB4])).max(axis=-1) < 12)
+    assert mean_blue.sum() > 100  # the mean pooling's line, in its fixed colour

@@ -3,6 +3,7 @@ pandas and pyarrow on Parquet; strings and labels ready for scikit-learn."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,11 @@ def test_zarr_docs_group_is_enough_on_its_own(tmp_path: Path, tiny_bert: Path) -
     assert ds["mean"].attrs["pooling"] == "mean" and ds["cls"].attrs["pooling"] == "cls"
     assert ds.attrs["model"] == str(tiny_bert) and "one row per input row" in ds.attrs[
         "description"]
+    # each group's description names the dimension plain xarray shows for it
+    for group, data in (("docs", ds), ("chunks", xr.open_zarr(out, group="chunks"))):
+        named = re.search(r"\(dimension (\w+)", data.attrs["description"])
+        assert named and data.sizes.get(named.group(1), 0) > 0, group
+    assert "(dimension id: the row's id, also its coordinate)" in ds.attrs["description"]
     labels = ds["label"].values  # fixed-width strings; the null is missing (NaN)
     assert labels[0] == "pos" and labels[1] == "neg" and labels[2] != labels[2]
     tree = xr.open_datatree(out, engine="zarr")

@@ -122,7 +122,7 @@ def test_vectors_equal_plain_transformers(store: pipeline.Store, oracle: Oracle)
         hs = oracle.text_states(text)
         ids = oracle.tokenizer(text, add_special_tokens=False)["input_ids"]
         for view, want in expected_views(hs).items():
-            got = store.tokens(view, row)
+            got = store.tokens(view, row=row)
             assert got.frame["token_id"].tolist() == ids
             assert got.vectors.shape == want.shape and got.vectors.dtype == np.float32
             assert cosine(got.vectors, want).min() >= 0.9999, (view, row)
@@ -134,7 +134,7 @@ def test_offsets_slice_the_text_to_each_piece(store: pipeline.Store) -> None:
     for row in _rows_with_text():
         text = TEXTS[row]
         assert text is not None
-        frame = store.tokens("tok", row).frame
+        frame = store.tokens("tok", row=row).frame
         assert frame["position"].tolist() == list(range(len(frame)))
         for piece, start, end in zip(frame["token"], frame["start"], frame["end"], strict=True):
             assert surface(text[start:end]) == surface(piece), (row, piece, start, end)
@@ -160,8 +160,8 @@ def test_rows_index_the_tokens_level(store: pipeline.Store) -> None:
     doc = np.asarray(store.token_dataset["doc"].values)
     np.testing.assert_array_equal(doc, np.repeat(np.arange(len(TEXTS)), count))
     by_id = store.tokens("mix", "r7")
-    np.testing.assert_array_equal(by_id.vectors, store.tokens("mix", 7).vectors)
-    assert store.row_of("r7") == 7 and store.tokens("tok", 4).vectors.shape == (0, 32)
+    np.testing.assert_array_equal(by_id.vectors, store.tokens("mix", row=7).vectors)
+    assert store.row_of("r7") == 7 and store.tokens("tok", row=4).vectors.shape == (0, 32)
 
 
 def test_token_views_live_only_in_the_tokens_level(store: pipeline.Store) -> None:
@@ -177,28 +177,55 @@ def test_span_helper_returns_the_overlapping_tokens(store: pipeline.Store) -> No
     assert text is not None
     start = text.index("doctor") + 2  # inside "doctor": the whole piece overlaps
     end = text.index("said") + 4
-    span = store.token_span_vectors("tok", 6, start, end)
-    every = store.tokens("tok", 6)
+    span = store.token_span_vectors("tok", row=6, start=start, end=end)
+    every = store.tokens("tok", row=6)
     inside = (every.frame["start"] < end) & (every.frame["end"] > start)
     assert "".join(surface(t) for t in span.frame["token"]) == "doctorsaid"
     np.testing.assert_array_equal(span.vectors, every.vectors[inside.to_numpy()])
     np.testing.assert_allclose(span.mean(), every.vectors[inside.to_numpy()].mean(0))
-    assert len(store.token_span_vectors("tok", 6, 0, 0)) == 0
+    assert len(store.token_span_vectors("tok", row=6, start=0, end=0)) == 0
 
 
 def test_lookup_errors_name_what_is_wrong(store: pipeline.Store) -> None:
     with pytest.raises(StoreError, match="no token view 'mean'; token views: tok, mix, unit"):
-        store.tokens("mean", 0)
-    with pytest.raises(StoreError, match="row 9 is out of range"):
-        store.tokens("tok", 9)
+        store.tokens("mean", row=0)
+    with pytest.raises(StoreError, match=r"row=9 is not a row number of this store \(0\.\.8\); "
+                       "for a document by its id, pass the id itself"):
+        store.tokens("tok", row=9)
     with pytest.raises(StoreError, match="no document with id 'nope'"):
         store.tokens("tok", "nope")
+    # an int is an id too, never a row: these ids are text, and the error says both ways
+    with pytest.raises(StoreError, match=r"no document with id 7 \(looked up as an id; for "
+                       r"the document at row 7, pass row=7\)"):
+        store.tokens("tok", 7)
+    with pytest.raises(StoreError, match="not both"):
+        store.tokens("tok", "r7", row=7)
+    with pytest.raises(StoreError, match=r"give a document's id .* or its row number as row="):
+        store.tokens("tok")
     with pytest.raises(StoreError, match="end 1 is before start 4"):
-        store.token_span_vectors("tok", 0, 4, 1)
+        store.token_span_vectors("tok", row=0, start=4, end=1)
+
+
+def test_integer_ids_are_ids_and_rows_are_named(tmp_path: Path, tiny_bert: Path) -> None:
+    """Small integer ids, in another order than the rows: id 2 is row 6, never row 2."""
+    ids = [8 - i for i in range(len(TEXTS))]
+    source = write_table(tmp_path / "in.parquet", {"id": ids, "text": TEXTS})
+    job = job_dict(source, tiny_bert, tmp_path / "out.zarr",
+                   views={"mean": {"pooling": "mean"}, **TOKEN_VIEWS})
+    result = CliRunner().invoke(main, ["extract", str(write_job(tmp_path / "job.yaml", job))])
+    assert result.exit_code == 0, result.output
+    store = pipeline.open_store(tmp_path / "out.zarr")
+    by_id, by_row = store.tokens("tok", 2), store.tokens("tok", row=2)
+    assert by_id.row == 6 and by_row.row == 2 and len(by_row) == 0  # row 2 has no text
+    assert "".join(surface(t) for t in by_id.frame["token"]).startswith("mydoctor")
+    span = store.token_span_vectors("tok", 2, start=3, end=9)  # "doctor" of row 6
+    assert "".join(surface(t) for t in span.frame["token"]) == "doctor"
+    with pytest.raises(StoreError, match=r"this store's ids are numbers \(e\.g\. 8\): pass 2"):
+        store.tokens("tok", "2")
 
 
 def test_plain_readers_open_the_tokens_level(store: pipeline.Store) -> None:
-    want = store.tokens("tok", 7)
+    want = store.tokens("tok", row=7)
     lo = int(store.docs["token_offset"][7])
     rows = slice(lo, lo + len(want))
     if store.format == "zarr":
@@ -272,7 +299,7 @@ def test_chunked_document_stores_each_token_once(fmt: str, tiny_bert: Path, orac
                               "overlap": OVERLAP})
     enc = oracle.tokenizer(LONG, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = enc["input_ids"], enc["offset_mapping"]
-    got = store.tokens("tok", 1)
+    got = store.tokens("tok", row=1)
     assert got.frame["position"].tolist() == list(range(len(ids)))  # each exactly once
     assert got.frame["token_id"].tolist() == ids
     assert list(zip(got.frame["start"], got.frame["end"], strict=True)) == \
@@ -296,7 +323,7 @@ def test_chunked_document_stores_each_token_once(fmt: str, tiny_bert: Path, orac
         owner = holders[context.index(max(context))]  # the first best: earlier on a tie
         for view, want in expected_views(states[owner]).items():
             row = want[t - ranges[owner][0]]
-            np.testing.assert_allclose(store.tokens(view, 1).vectors[t], row, atol=1e-5,
+            np.testing.assert_allclose(store.tokens(view, row=1).vectors[t], row, atol=1e-5,
                                        rtol=1e-4)
         shared += len(holders) > 1
         for k in holders:
@@ -309,7 +336,7 @@ def test_truncated_documents_store_the_tokens_encoded(tiny_bert: Path, oracle: O
                                                       tmp_path: Path) -> None:
     store = extract(tmp_path, [LONG], tiny_bert, "zarr", views={"tok": {"pooling": "tokens"}},
                     chunking={"strategy": "truncate", "max_tokens": CHUNK_TOKENS})
-    got = store.tokens("tok", 0)
+    got = store.tokens("tok", row=0)
     assert bool(store.docs["truncated"][0]) and len(got) == CHUNK_TOKENS - 2
     ids = oracle.tokenizer(LONG, add_special_tokens=False)["input_ids"][: CHUNK_TOKENS - 2]
     want = oracle.hidden_states([oracle.tokenizer.cls_token_id, *ids,
@@ -360,7 +387,7 @@ def test_minilm_token_vectors_equal_plain_transformers(minilm: Path, tmp_path: P
     oracle = Oracle(minilm)
     for row, text in enumerate(texts):
         hs = oracle.text_states(text)
-        tok, top2 = store.tokens("tok", row), store.tokens("top2", row)
+        tok, top2 = store.tokens("tok", row=row), store.tokens("top2", row=row)
         assert not store.docs["truncated"][row] and len(tok) == hs.shape[1]
         assert cosine(tok.vectors, hs[-1]).min() >= 0.9999
         assert cosine(top2.vectors, (hs[-2] + hs[-1]) / 2).min() >= 0.9999

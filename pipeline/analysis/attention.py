@@ -6,7 +6,8 @@ attention weights):
 
 - one row (`attention_for_row`): the row's chunk, cut exactly as extraction cuts it, run
   alone; the (layers, heads, T, T) softmax matrices go to `attention.npz` and to a
-  self-contained `attention.html` with one token × token heatmap per chosen layer/head.
+  self-contained `attention.html` (a layer × head picker, the chosen map with every token
+  labelled, and a head view; see `attention_page`).
 - a summary over a sample of rows (`summarize_heads`): per head, averaged over every query
   token of every sampled row's first chunk (query i, keys j, weights a_ij, Σ_j a_ij = 1)
 
@@ -18,18 +19,18 @@ attention weights):
                                           word-piece marker, are all punctuation)
 
   Query tokens are pooled across rows, so a long row weighs more than a short one.
+
+Layers are numbered as everywhere in bertpipe: hidden state 0 is the embeddings and hidden
+state k the output of transformer block k, so the attention inside block k is layer k
+(1..L). Layer 0 has no attention. Heads are numbered from 0.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import math
 import string
-import struct
 import unicodedata
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -43,6 +44,7 @@ from ..extract.chunking import ChunkedPartition, Specials, chunk_partition, cont
 from ..extract.model import LoadedModel, load_model
 from ..extract.source import list_files, open_input, read_text
 from ..spec import InputSpec, Job
+from .page import counted, model_name
 from .rows import count_rows, read_texts, sample_rows
 
 STATISTICS = ("entropy", "distance", "cls", "sep", "punct")
@@ -58,21 +60,45 @@ WORD_PIECE_MARKERS = ("##", "Ġ", "▁")  # WordPiece continuation, byte-level B
 
 # ---- choosing layers, heads, rows ------------------------------------------------------
 
+def _integers(text: str, option: str, example: str) -> list[int]:
+    values = []
+    for item in text.split(","):
+        try:
+            values.append(int(item.strip()))
+        except ValueError:
+            raise OptionError(f"{option}: {item.strip()!r} is not an integer "
+                              f"(comma-separated, e.g. {example})") from None
+    return values
+
+
 def parse_indices(text: str | None, count: int, option: str) -> list[int]:
-    """'0,5' or '-1' → sorted unique indices in [0, count); None → all."""
+    """'0,5' or '-1' → sorted unique indices in [0, count); None → all (heads)."""
     if text is None:
         return list(range(count))
     chosen = []
-    for item in text.split(","):
-        try:
-            i = int(item.strip())
-        except ValueError:
-            raise OptionError(f"{option}: {item.strip()!r} is not an integer "
-                                 f"(comma-separated, e.g. 0,{count - 1})") from None
+    for i in _integers(text, option, f"0,{count - 1}"):
         if not -count <= i < count:
             raise OptionError(f"{option}: {i} is out of range; the model has {count} "
-                                 f"({-count}..{count - 1})")
+                              f"({-count}..{count - 1})")
         chosen.append(i % count)
+    return sorted(set(chosen))
+
+
+def parse_layers(text: str | None, count: int) -> list[int]:
+    """'1,6' or '-1' → sorted unique layers in 1..count (layer k = block k, as hidden
+    state k is its output); None → all. 0 is the embeddings, which have no attention."""
+    if text is None:
+        return list(range(1, count + 1))
+    chosen = []
+    for k in _integers(text, "--layers", f"1,{count}"):
+        if k == 0:
+            raise OptionError(f"--layers: 0 is the embeddings (hidden state 0), which have no "
+                              f"attention; attention layers are 1..{count} (layer k is "
+                              f"transformer block k), or -1 for the last")
+        if not -count <= k <= count:
+            raise OptionError(f"--layers: {k} is out of range; the model has {count} layers "
+                              f"(1..{count}, or {-count}..-1 from the end)")
+        chosen.append(k if k > 0 else count + 1 + k)
     return sorted(set(chosen))
 
 
@@ -182,10 +208,11 @@ class RowAttention:
     span: tuple[int, int]  # characters of the row's text in this chunk
     token_ids: list[int]
     tokens: list[str]
-    layers: list[int]
+    layers: list[int]  # 1-based: layer k is transformer block k
     heads: list[int]
     attentions: np.ndarray  # (layers, heads, T, T) float32, rows = queries
-    model: str
+    model: str  # the model's name, not its path (see page.model_name)
+    n_layers: int = 0  # of the model (0: unknown)
 
     def save(self, out_dir: str | Path) -> dict[str, Path]:
         out = Path(out_dir)
@@ -197,6 +224,8 @@ class RowAttention:
                             layers=np.asarray(self.layers, np.int64),
                             heads=np.asarray(self.heads, np.int64),
                             span=np.asarray(self.span, np.int64))
+        from .attention_page import render_row_html  # why here: that module imports this one
+
         paths["html"].write_text(render_row_html(self), encoding="utf-8")
         return paths
 
@@ -206,7 +235,7 @@ def attention_for_row(job: Job, wanted_id: str, layers: str | None = None,
                       model: EagerAttention | None = None) -> RowAttention:
     """The attention matrices of one row's chunk, run alone (no padding)."""
     model = model or EagerAttention(job)
-    chosen_layers = parse_indices(layers, model.n_layers, "--layers")
+    chosen_layers = parse_layers(layers, model.n_layers)
     chosen_heads = parse_indices(heads, model.n_heads, "--heads")
     row = find_row(job.input, wanted_id)
     text = read_text(job.input, row)
@@ -220,13 +249,19 @@ def attention_for_row(job: Job, wanted_id: str, layers: str | None = None,
                              f"(0..{n_chunks - 1})")
     ids = chunked.chunk_ids[chunk]
     _, matrices = next(model.attentions([ids]))
-    picked = matrices[np.ix_(chosen_layers, chosen_heads)]  # (l, h, T, T)
+    picked = matrices[np.ix_(_blocks(chosen_layers), chosen_heads)]  # (l, h, T, T)
     return RowAttention(
         row=row, row_id=wanted_id, chunk=chunk, n_chunks=n_chunks,
         span=(int(chunked.chunk_start[chunk]), int(chunked.chunk_end[chunk])),
         token_ids=list(ids), tokens=model.tokens(ids), layers=chosen_layers,
         heads=chosen_heads, attentions=np.ascontiguousarray(picked, np.float32),
-        model=job.model.path)
+        model=model_name(job.model.path), n_layers=model.n_layers)
+
+
+def _blocks(layers: Sequence[int]) -> list[int]:
+    """Positions in the model's attention outputs (block k is the k-th, 0-based) of
+    1-based layers."""
+    return [k - 1 for k in layers]
 
 
 # ---- per-head statistics ---------------------------------------------------------------
@@ -317,6 +352,7 @@ class HeadSummary:
     uniform_entropy: float
     uniform_distance: float
     statistics: dict[str, np.ndarray]  # name -> (len(layers), len(heads))
+    n_layers: int = 0  # of the model (0: unknown)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -329,10 +365,13 @@ class HeadSummary:
         }
 
     def table(self) -> str:
-        lines = [f"attention summary of {self.model}: first chunk of {len(self.rows)} sampled "
-                 f"rows ({self.n_empty} of {self.n_sampled} sampled rows were empty), "
-                 f"{self.n_queries} query tokens; uniform attention would have entropy "
-                 f"{self.uniform_entropy:.2f} and distance {self.uniform_distance:.2f}"]
+        lines = [f"attention summary of {self.model}: first chunk of "
+                 f"{counted(len(self.rows), 'sampled row')} ({self.n_empty} of "
+                 f"{counted(self.n_sampled, 'sampled row')} empty), "
+                 f"{counted(self.n_queries, 'query token')}; uniform attention would have "
+                 f"entropy {self.uniform_entropy:.2f} and distance {self.uniform_distance:.2f}",
+                 "layer k = the attention inside transformer block k (hidden state 0 is the "
+                 "embeddings); heads from 0"]
         for name in STATISTICS:
             values = self.statistics[name]
             fmt = f"{{:>6.{_decimals(name)}f}}"
@@ -348,6 +387,8 @@ class HeadSummary:
         out.mkdir(parents=True, exist_ok=True)
         paths = {"json": out / "attention-summary.json", "html": out / "attention-summary.html"}
         paths["json"].write_text(json.dumps(self.to_dict(), indent=1))
+        from .attention_page import render_summary_html  # it imports this module
+
         paths["html"].write_text(render_summary_html(self), encoding="utf-8")
         return paths
 
@@ -363,7 +404,7 @@ def summarize_heads(job: Job, sample: int = 100, seed: int = 0, layers: str | No
     if sample < 1:
         raise OptionError(f"--sample: {sample} must be at least 1")
     model = model or EagerAttention(job)
-    chosen_layers = parse_indices(layers, model.n_layers, "--layers")
+    chosen_layers = parse_layers(layers, model.n_layers)
     chosen_heads = parse_indices(heads, model.n_heads, "--heads")
     wanted = sample_rows(count_rows(job.input), sample, seed)
     texts = read_texts(job.input, wanted)
@@ -375,131 +416,12 @@ def summarize_heads(job: Job, sample: int = 100, seed: int = 0, layers: str | No
     order = sorted(firsts)
     sequences = [chunked.chunk_ids[firsts[d]] for d in order]
     for i, matrices in model.attentions(sequences):
-        picked = matrices[np.ix_(chosen_layers, chosen_heads)]
+        picked = matrices[np.ix_(_blocks(chosen_layers), chosen_heads)]
         stats.add(picked, TokenKinds.of(model.tokens(sequences[i]), model.specials))
     kept = [wanted[d] for d in order]
-    return HeadSummary(model=job.model.path, layers=chosen_layers, heads=chosen_heads,
+    return HeadSummary(model=model_name(job.model.path), layers=chosen_layers, heads=chosen_heads,
                        rows=sorted(kept), n_sampled=len(wanted),
                        n_empty=len(wanted) - len(kept), n_queries=stats.n_queries,
                        uniform_entropy=stats.uniform_entropy,
-                       uniform_distance=stats.uniform_distance, statistics=stats.means())
-
-
-# ---- HTML: inline SVG, heatmaps as PNG data URIs, no scripts or external assets ---------
-
-LOW = np.array([255.0, 255.0, 255.0])  # white at zero
-HIGH = np.array([8.0, 48.0, 107.0])  # dark blue at the scale's maximum
-
-
-def colours(values: np.ndarray, top: float) -> np.ndarray:
-    """Linear white → dark blue over [0, top]; uint8 (..., 3)."""
-    scale = np.clip(values / top, 0.0, 1.0) if top > 0 else np.zeros_like(values)
-    return np.round(LOW + (HIGH - LOW) * scale[..., None]).astype(np.uint8)
-
-
-def png_bytes(rgb: np.ndarray) -> bytes:
-    """A (h, w, 3) uint8 image as PNG (8-bit RGB, filter 0), with zlib only."""
-    h, w, _ = rgb.shape
-    raw = b"".join(b"\x00" + rgb[y].tobytes() for y in range(h))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        body = kind + data
-        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
-
-    header = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header)
-            + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
-
-
-def _heatmap_svg(matrix: np.ndarray, tokens: Sequence[str], title: str) -> str:
-    """One token × token heatmap: queries down the left, keys along the top."""
-    t = len(tokens)
-    cell = max(2.0, min(16.0, 480.0 / t))
-    every = max(1, math.ceil(7.0 / cell))  # label every k-th token when cells are tiny
-    font = min(11.0, cell * every * 0.8)
-    margin = 8 + 6.5 * min(24, max(len(tok) for tok in tokens))
-    size = cell * t
-    top = float(matrix.max())
-    png = base64.b64encode(png_bytes(colours(matrix.astype(np.float64), top))).decode()
-    labels = []
-    for i in range(0, t, every):
-        tok = html.escape(tokens[i][:24])
-        y = margin + (i + 0.5) * cell
-        labels.append(f'<text x="{margin - 4:.1f}" y="{y:.1f}" text-anchor="end" '
-                      f'dominant-baseline="middle">{tok}</text>')
-        labels.append(f'<text transform="translate({margin + (i + 0.5) * cell:.1f},'
-                      f'{margin - 4:.1f}) rotate(-90)" dominant-baseline="middle">{tok}</text>')
-    full = margin + size + 4
-    return (f'<figure><figcaption>{html.escape(title)} (darkest = {top:.3f})</figcaption>'
-            f'<svg xmlns="http://www.w3.org/2000/svg" class="heatmap" width="{full:.0f}" '
-            f'height="{full:.0f}" font-size="{font:.1f}" font-family="monospace">'
-            f'<image x="{margin:.1f}" y="{margin:.1f}" width="{size:.1f}" height="{size:.1f}" '
-            f'preserveAspectRatio="none" style="image-rendering:pixelated" '
-            f'href="data:image/png;base64,{png}"/>'
-            f'<rect x="{margin:.1f}" y="{margin:.1f}" width="{size:.1f}" height="{size:.1f}" '
-            f'fill="none" stroke="#999"/>{"".join(labels)}</svg></figure>')
-
-
-PAGE_STYLE = ("body{font-family:sans-serif;margin:2em}figure{display:inline-block;"
-              "margin:0 1.5em 1.5em 0;vertical-align:top}figcaption{font-weight:bold}"
-              "table{border-collapse:collapse}td,th{padding:2px 8px}")
-
-
-def render_row_html(r: RowAttention) -> str:
-    figures = "".join(
-        _heatmap_svg(r.attentions[li, hi], r.tokens, f"layer {layer}, head {head}")
-        for li, layer in enumerate(r.layers) for hi, head in enumerate(r.heads))
-    return (f'<!doctype html><html><head><meta charset="utf-8"><title>bertpipe attention: '
-            f'row {html.escape(r.row_id)}</title><style>{PAGE_STYLE}</style></head><body>'
-            f'<h1>Attention of row {html.escape(r.row_id)}</h1>'
-            f'<p>Model {html.escape(r.model)}, eager attention in float32. Row {r.row}, chunk '
-            f'{r.chunk} of {r.n_chunks} (characters {r.span[0]}..{r.span[1]}), {len(r.tokens)} '
-            f'tokens. Each map: queries down the left, keys along the top; a row of a map '
-            f'sums to 1; white = 0, darkest = the map\'s largest weight.</p>'
-            f'{figures}</body></html>\n')
-
-
-def _grid_svg(values: np.ndarray, layers: Sequence[int], heads: Sequence[int],
-              decimals: int) -> str:
-    """A layers × heads grid of coloured cells with the value written in each."""
-    cw, ch, left, top = 46, 22, 52, 22
-    lo, hi = float(values.min()), float(values.max())
-    span = hi - lo
-    cells = []
-    for li, layer in enumerate(layers):
-        for hi_, _ in enumerate(heads):
-            v = float(values[li, hi_])
-            rgb = colours(np.array(v - lo), span)
-            fill = f"rgb({rgb[0]},{rgb[1]},{rgb[2]})"
-            ink = "#fff" if span > 0 and (v - lo) / span > 0.55 else "#000"
-            x, y = left + hi_ * cw, top + li * ch
-            cells.append(f'<rect x="{x}" y="{y}" width="{cw}" height="{ch}" fill="{fill}">'
-                         f'<title>layer {layer}, head {heads[hi_]}: {v:.{decimals}f}</title>'
-                         f'</rect><text x="{x + cw / 2}" y="{y + ch / 2}" fill="{ink}" '
-                         f'text-anchor="middle" dominant-baseline="middle">'
-                         f'{v:.{decimals}f}</text>')
-    col_labels = "".join(f'<text x="{left + k * cw + cw / 2}" y="{top - 6}" '
-                         f'text-anchor="middle">h{h}</text>' for k, h in enumerate(heads))
-    row_labels = "".join(f'<text x="{left - 6}" y="{top + k * ch + ch / 2}" text-anchor="end" '
-                         f'dominant-baseline="middle">L{layer}</text>'
-                         for k, layer in enumerate(layers))
-    width, height = left + cw * len(heads) + 4, top + ch * len(layers) + 4
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" class="grid" width="{width}" '
-            f'height="{height}" font-size="11" font-family="sans-serif">{col_labels}'
-            f'{row_labels}{"".join(cells)}</svg>')
-
-
-def render_summary_html(s: HeadSummary) -> str:
-    sections = "".join(
-        f'<figure><figcaption>{html.escape(STAT_TITLES[name])}</figcaption>'
-        f'{_grid_svg(s.statistics[name], s.layers, s.heads, _decimals(name))}'
-        f'</figure>' for name in STATISTICS)
-    return (f'<!doctype html><html><head><meta charset="utf-8"><title>bertpipe attention '
-            f'summary</title><style>{PAGE_STYLE}</style></head><body>'
-            f'<h1>What the heads do</h1><p>Model {html.escape(s.model)}, eager attention in '
-            f'float32, first chunk of {len(s.rows)} sampled rows, {s.n_queries} query tokens. '
-            f'Each value is a mean over query tokens; uniform attention would have entropy '
-            f'{s.uniform_entropy:.2f} nats and distance {s.uniform_distance:.2f} tokens. '
-            f'Rows: layers (0 = first transformer block); '
-            f'columns: heads; each grid is coloured from its own minimum to maximum.</p>'
-            f'{sections}</body></html>\n')
+                       uniform_distance=stats.uniform_distance, statistics=stats.means(),
+                       n_layers=model.n_layers)

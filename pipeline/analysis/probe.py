@@ -44,7 +44,8 @@ class ProbeResult:
     layer: int | None  # single-layer views: absolute hidden-state index
     pooling: str
     metrics: dict[str, float]  # e.g. accuracy, accuracy_std, macro_f1, macro_f1_std
-    # the L2 strength used in each outer fold: logistic C chosen by the inner CV, ridge alpha
+    # each outer fold's regularisation: logistic C chosen by the inner CV (the inverse of
+    # the L2 strength: smaller C, stronger penalty), or ridge alpha (the L2 strength)
     regularisation: list[float] = field(default_factory=list)
 
 
@@ -187,7 +188,8 @@ def run_probe(store: Store, labels: pd.Series, views: Sequence[str] | None = Non
               learning_curve: bool = False, curve_sizes: Sequence[int] | None = None,
               curve_repeats: int = 3, on_view: Callable[[str], None] | None = None
               ) -> ProbeReport:
-    """Cross-validated linear probes of each view; `on_view(message)` after each view."""
+    """Cross-validated linear probes of each view; `on_view(message)` after each view and
+    each fold of the scalar mix (its fits take minutes on real stores)."""
     if folds < 2:
         raise OptionError(f"--folds: {folds}; cross-validation needs at least 2 folds")
     has_vector = np.asarray(store.docs["status"].values) == "ok"
@@ -227,7 +229,7 @@ def run_probe(store: Store, labels: pd.Series, views: Sequence[str] | None = Non
                          _baseline(y, task), results, classes=classes, curves=curves,
                          dropped=dropped)
     if scalar_mix:
-        report.mix = learn_scalar_mix(store, ok, y, task, scalar_mix, folds, seed)
+        report.mix = learn_scalar_mix(store, ok, y, task, scalar_mix, folds, seed, on_view)
     return report
 
 
@@ -295,7 +297,7 @@ def _splits(y: np.ndarray, task: str, folds: int, seed: int) -> list[tuple[np.nd
 
 def _cross_validate(x: np.ndarray, y: np.ndarray, task: str, folds: int, seed: int
                     ) -> tuple[dict[str, float], list[float]]:
-    """Mean ± std of each metric over the outer folds, and each fold's L2 strength."""
+    """Mean ± std of each metric over the outer folds, and each fold's regularisation."""
     from scipy.stats import spearmanr
     from sklearn.metrics import accuracy_score, f1_score, r2_score
 
@@ -318,7 +320,7 @@ def _cross_validate(x: np.ndarray, y: np.ndarray, task: str, folds: int, seed: i
 def _fit_predict(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, task: str,
                  seed: int) -> tuple[np.ndarray, float]:
     """The probe: standardised features, then logistic (inner-CV L2) or ridge regression.
-    Returns the predictions and the L2 strength used (the C chosen, or ridge's alpha)."""
+    Returns the predictions and the regularisation used (the C chosen, or ridge's alpha)."""
     from sklearn.linear_model import Ridge
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -493,7 +495,10 @@ def layer_views(store: Store, pooling: str) -> list[str]:
 
 
 def learn_scalar_mix(store: Store, ok: np.ndarray, y: np.ndarray, task: str, pooling: str,
-                     folds: int, seed: int) -> MixResult:
+                     folds: int, seed: int, say: Callable[[str], None] | None = None
+                     ) -> MixResult:
+    """Cross-validated scores of a learned mix, then the mix fitted on every row; `say`
+    gets a line as each of the folds + 1 fits starts."""
     if pooling not in LINEAR_POOLINGS:
         raise ProbeError(f"--scalar-mix: pooling {pooling!r} is not linear in the token "
                          f"states, so a mix of pooled layers is not a scalar_mix view; use "
@@ -501,11 +506,21 @@ def learn_scalar_mix(store: Store, ok: np.ndarray, y: np.ndarray, task: str, poo
     names = layer_views(store, pooling)
     x = np.stack([store.vectors(n)[ok] for n in names]).astype(np.float32)  # (K, N, H)
     scores: dict[str, list[float]] = {}
-    for train, test in _splits(y, task, folds, seed):
+    started = time.perf_counter()
+    fits = folds + 1
+
+    def progress(step: int, what: str) -> None:
+        if say:
+            say(f"probe: scalar mix ({pooling}, {len(names)} layers): fit {step}/{fits}, "
+                f"{what} ({time.perf_counter() - started:.0f}s)")
+
+    for i, (train, test) in enumerate(_splits(y, task, folds, seed), 1):
+        progress(i, f"fold {i} of {folds}")
         model = _fit_mix(x[:, train], y[train], task, seed)
         fold = model.score(x[:, test], y[test])
         for k, v in fold.items():
             scores.setdefault(k, []).append(v)
+    progress(fits, "every row, for the weights")
     final = _fit_mix(x, y, task, seed)
     return MixResult(pooling, final.s.tolist(), float(final.gamma), _summarise(scores))
 

@@ -7,10 +7,25 @@ import html
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from .page import counted
 from .probe import FLAT_GAIN, ProbeReport, ProbeResult
+
+# One colour per pooling, the same in every report (matplotlib's default cycle would hand
+# them out in the order a store lists its views, so "mean" could be blue today, red next).
+POOLING_COLOURS = {"mean": "#1f77b4", "cls": "#ff7f0e", "max": "#2ca02c",
+                   "attention": "#d62728", "last": "#9467bd", "pooler": "#8c564b",
+                   "tokens": "#e377c2"}
+OTHER_COLOUR = "#7f7f7f"
+MIX_COLOUR = "#17becf"  # the learned mix's bars: no pooling's colour
+
+
+def pooling_colour(pooling: str) -> str:
+    """A pooling's fixed colour; a post-processed view ('mean+center') keeps its pooling's."""
+    return POOLING_COLOURS.get(pooling.split("+", 1)[0], OTHER_COLOUR)
 
 
 def table(report: ProbeReport) -> str:
@@ -46,8 +61,9 @@ def curve_lines(report: ProbeReport) -> list[str]:
     key = report.score_key
     sizes = sorted({n for c in report.curves for n in c.sizes})
     repeats = max(c.repeats for c in report.curves)
-    lines = [f"learning curve: {key} (mean ± std over {report.n_folds} folds × {repeats} "
-             f"seeds) vs labelled rows; the last size is each training fold whole",
+    lines = [f"learning curve: {key} (mean ± std over {counted(report.n_folds, 'fold')} × "
+             f"{counted(repeats, 'seed')}) vs labelled rows; the last size is each training "
+             "fold whole",
              f"{'view':<16}" + "".join(f"{n:>15}" for n in sizes)]
     for c in report.curves:
         cells = dict(zip(c.sizes, zip(c.mean, c.std, strict=True), strict=True))
@@ -107,7 +123,18 @@ def plot_curves(report: ProbeReport) -> bytes:
 
 
 def plot(report: ProbeReport) -> bytes:
-    """Score by layer for each pooling (error bars = fold std), and the mix weights."""
+    """Score by layer for each pooling (error bars = fold std), and the mix weights, as PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = score_figure(report)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def score_figure(report: ProbeReport) -> Any:
+    """The figure of `plot` (a matplotlib Figure; the caller closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -125,12 +152,14 @@ def plot(report: ProbeReport) -> bytes:
         results.sort(key=lambda r: r.layer or 0)
         ax.errorbar([r.layer for r in results], [r.metrics[key] for r in results],
                     yerr=[r.metrics[f"{key}_std"] for r in results], marker="o", capsize=3,
-                    label=pooling)
+                    label=pooling, color=pooling_colour(pooling))
     others = [r for r in report.results if r.layer is None]
     for r in others:
-        ax.axhline(r.metrics[key], linestyle=":", linewidth=1, label=f"{r.view} (multi-layer)")
+        ax.axhline(r.metrics[key], linestyle=":", linewidth=1, color=pooling_colour(r.pooling),
+                   label=f"{r.view} (multi-layer)")
     ax.axhline(report.baseline[key], color="grey", linestyle="--", label="baseline")
-    ax.set_xlabel("layer (0 = embeddings)")
+    _integer_ticks(ax)
+    ax.set_xlabel("layer (hidden state; 0 = embeddings, k = output of block k)")
     ax.set_ylabel(f"{key} ({report.n_folds}-fold CV)")
     ax.set_title(f"Linear probe of {report.label!r} by layer and pooling")
     ax.legend(fontsize=8)
@@ -138,17 +167,22 @@ def plot(report: ProbeReport) -> bytes:
     if report.mix is not None:
         ax2 = axes[0][1]
         w = np.asarray(report.mix.softmax)
-        ax2.bar(range(len(w)), w, color="tab:purple")
-        ax2.set_xlabel("layer")
+        ax2.bar(range(len(w)), w, color=MIX_COLOUR)
+        ax2.set_xticks(range(len(w)))
+        ax2.set_xlabel("layer (hidden state; 0 = embeddings)")
         ax2.set_ylabel("softmax(s)")
         ax2.set_title(f"Learned scalar mix ({report.mix.pooling}): "
                       f"{key} {report.mix.metrics[key]:.3f}")
         ax2.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    return fig
+
+
+def _integer_ticks(ax: Any) -> None:
+    """Layers are whole numbers: no 2.5 between layer 2 and layer 3."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def render_html(report: ProbeReport, png: bytes, curve_png: bytes | None = None) -> str:
@@ -157,7 +191,8 @@ def render_html(report: ProbeReport, png: bytes, curve_png: bytes | None = None)
     mark = {True: ' class="best"', False: ""}
     rows = "".join(
         f"<tr{mark[r.view == best]}><td>{html.escape(r.view)}</td>"
-        f"<td>{'' if r.layer is None else r.layer}</td><td>{r.pooling}</td>"
+        f"<td>{'' if r.layer is None else r.layer}</td><td>{_swatch(r.pooling)}"
+        f"{html.escape(r.pooling)}</td>"
         + "".join(f"<td>{_pm(r.metrics, k)}</td>" for k in _metric_keys(report))
         + f"<td>{_strengths(r.regularisation)}</td></tr>"
         for r in sorted(report.results, key=lambda r: -r.metrics[report.score_key]))
@@ -165,30 +200,61 @@ def render_html(report: ProbeReport, png: bytes, curve_png: bytes | None = None)
                         if n) or "none"
     mix = ""
     if report.mix is not None:
-        mix = (f"<h2>Scalar mix</h2><p>Learned over {len(report.mix.weights)} layers with "
-               f"{report.mix.pooling} pooling: {_pm(report.mix.metrics, report.score_key)} "
-               f"{report.score_key}.</p><pre>{html.escape(report.mix.view_block())}</pre>")
+        mix = (f"<h2>Scalar mix</h2><p>Learned over {counted(len(report.mix.weights), 'layer')}"
+               f" (hidden states 0..{len(report.mix.weights) - 1}) with {report.mix.pooling} "
+               f"pooling: {_pm(report.mix.metrics, report.score_key)} {report.score_key}. "
+               "Paste into a job's views:</p>"
+               f"<pre>{html.escape(report.mix.view_block())}</pre>")
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>bertpipe probe: {html.escape(report.label)}</title>
-<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}
-table{{border-collapse:collapse}}td,th{{padding:4px 10px;border-bottom:1px solid #ddd}}
-.rec{{background:#eef6ee;padding:.8em;border-left:4px solid #393}}
-tr.best td{{background:#eef6ee;font-weight:bold}}</style></head><body>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>bertpipe probe: {html.escape(report.label)}</title><style>{PAGE_STYLE}</style></head><body>
 <h1>Linear probe: {html.escape(report.label)}</h1>
 <p class="rec">{html.escape(report.recommendation())}</p>
-<p>{report.task}, {report.n_rows} rows, {report.n_folds}-fold cross-validation, seed
-{report.seed}; standardised features, {'logistic regression' if report.task ==
-'classification' else 'ridge regression'}. Baseline:
-{report.baseline[report.score_key]:.3f} {report.score_key}. Rows left out: {dropped}.</p>
+<p>{report.task}, {counted(report.n_rows, "row")}, {report.n_folds}-fold cross-validation,
+seed {report.seed}; standardised features, {'logistic regression' if report.task ==
+'classification' else 'ridge regression'}. Baseline
+({'always the majority class' if report.task == 'classification' else 'always the mean'}):
+{report.baseline[report.score_key]:.3f} {report.score_key}. Rows left out: {dropped}.
+Layers are hidden states: 0 is the embeddings, k the output of transformer block k.</p>
 <img alt="probe scores by layer" src="data:image/png;base64,{img}">
-<table><tr><th>view</th><th>layer</th><th>pooling</th>
-{''.join(f'<th>{k}</th>' for k in _metric_keys(report))}<th>L2 per fold</th></tr>{rows}</table>
+<div class="wide"><table><tr><th>view</th><th>layer</th><th>pooling</th>
+{''.join(f'<th>{k}</th>' for k in _metric_keys(report))}<th>{_strength_title(report)}</th></tr>
+{rows}</table></div>
 {mix}{_curve_html(report, curve_png)}</body></html>
 """
 
 
+# Fits any window: the figures shrink to the page's width, a wide table scrolls inside its
+# own box, long lines wrap; nothing makes the page itself scroll sideways.
+PAGE_STYLE = """
+*{box-sizing:border-box}
+body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1.5em;
+ color:#222;line-height:1.4}
+img{max-width:100%;height:auto;display:block;margin:1em 0}
+.wide{overflow-x:auto;max-width:100%}
+table{border-collapse:collapse}
+td,th{padding:4px 10px;border-bottom:1px solid #ddd;text-align:left;white-space:nowrap}
+pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f6f6;padding:.6em}
+.rec{background:#eef6ee;padding:.8em;border-left:4px solid #393}
+tr.best td{background:#eef6ee;font-weight:bold}
+.swatch{display:inline-block;width:.8em;height:.8em;margin-right:.4em;border-radius:2px}
+"""
+
+
+def _swatch(pooling: str) -> str:
+    """The pooling's colour in the figure, beside its name in the table."""
+    return f'<span class="swatch" style="background:{pooling_colour(pooling)}"></span>'
+
+
+def _strength_title(report: ProbeReport) -> str:
+    if report.task == "classification":
+        return "C per fold (inverse L2 strength: smaller = more regularised)"
+    return "ridge alpha per fold (L2 strength)"
+
+
 def _strengths(values: list[float]) -> str:
-    """The L2 strength of each outer fold (logistic C, or ridge alpha), compactly."""
+    """Each outer fold's regularisation (logistic C, or ridge alpha), compactly."""
     return " ".join(f"{v:g}" for v in values)
 
 
@@ -207,13 +273,15 @@ def _curve_html(report: ProbeReport, png: bytes | None) -> str:
     readings = "".join(f"<li><b>{html.escape(c.view)}</b>: {html.escape(c.reading(key))}</li>"
                        for c in report.curves)
     img = base64.b64encode(png).decode()
+    seeds = counted(max(c.repeats for c in report.curves), "seed")
     return (f"<h2>Learning curve: frozen features or fine-tuning?</h2><p>The probe refitted on "
-            f"stratified subsamples of each training fold ({max(c.repeats for c in report.curves)}"
-            f" seeds per fold), scored on the fold's full test part; the last size is each "
+            f"stratified subsamples of each training fold ({seeds} per fold), scored on the "
+            f"fold's full test part; the last size is each "
             f"training fold whole. Flat means under {FLAT_GAIN} {key} gained per doubling of "
             f"labelled rows between the largest size and the largest size at most half of it."
             f"</p><img alt=\"learning curve\" src=\"data:image/png;base64,{img}\">"
-            f"<table><tr><th>view</th>{head}</tr>{''.join(rows)}</table><ul>{readings}</ul>")
+            f"<div class=\"wide\"><table><tr><th>view</th>{head}</tr>{''.join(rows)}</table>"
+            f"</div><ul>{readings}</ul>")
 
 
 def _metric_keys(report: ProbeReport) -> list[str]:

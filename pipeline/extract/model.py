@@ -90,6 +90,19 @@ def load_model(
     )
 
 
+
+def _import_tqdm_quietly() -> None:
+    """Import tqdm.auto once, its widget warning silenced. huggingface_hub imports it under
+    transformers, and in a Jupyter kernel without ipywidgets that first import warns
+    'IProgress not found' into the user's notebook; bertpipe draws no widget (its own
+    model loading turns the bar off), so the warning says nothing to act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        import tqdm.auto  # noqa: F401
+
+
+_import_tqdm_quietly()
+
 # ---- files ---------------------------------------------------------------------------
 
 def load_config(spec: ModelSpec) -> Any:

@@ -95,10 +95,12 @@ class PartitionWork:
 
 def run_partitions(work: PartitionWork, executor: Executor, output: OutputSession,
                    summary: RunSummary, on_done: OnDone | None = None,
-                   on_plan: OnPlan | None = None) -> list[PartitionMarker]:
-    """Every partition's marker, in order: reused when a killed run left it intact and it
-    matches the plan, else encoded now. PartitionError (exit 6) names the failed ones, the
-    others are kept for a rerun; LockLostError (exit 5) when another run took over."""
+                   on_plan: OnPlan | None = None
+                   ) -> tuple[list[PartitionMarker], list[PartitionMarker]]:
+    """Every partition's marker, in order, and those encoded by this run: a marker is
+    reused when a killed run left it intact and it matches the plan, else encoded now.
+    PartitionError (exit 6) names the failed ones, the others are kept for a rerun;
+    LockLostError (exit 5) when another run took over."""
     parts = work.parts
     done = {i: m for i, m in work.staging.done(work.fingerprint).items()
             if reusable(m, parts)}
@@ -114,7 +116,7 @@ def run_partitions(work: PartitionWork, executor: Executor, output: OutputSessio
     summary.failed = [f"{work.describe(p)}: {msg}" for p, msg in failures]
     if failures:
         raise _failed(work, failures, summary.failed[0])
-    return [done[p.index] for p in parts]
+    return [done[p.index] for p in parts], [done[p.index] for p in pending]
 
 
 def _failed(work: PartitionWork, failures: Failures, first: str) -> BertpipeError:

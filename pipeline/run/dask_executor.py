@@ -181,7 +181,7 @@ class DaskExecutor:
              fence: Fence | None) -> Failures:
         from distributed import as_completed
 
-        self.dashboard = getattr(client, "dashboard_link", None)
+        self.dashboard = dashboard_of(client)
         self.say(f"dask scheduler {client.scheduler.address}"
                  + (f", dashboard {self.dashboard}" if self.dashboard else ""))
         name = f"bertpipe-{fingerprint[:16]}"
@@ -336,6 +336,24 @@ def _first_bytes(conn: socket.socket) -> bytes | None:
         return data or None
     return data
 
+
+
+def dashboard_of(client: Any) -> str | None:
+    """The dashboard's URL, or None where the scheduler serves none. Its HTTP port answers
+    even without bokeh, where the link leads only to a page asking to install bokeh; a
+    scheduler started with --no-dashboard has no such service at all."""
+    try:
+        link = client.dashboard_link
+    except (AttributeError, KeyError):  # no dashboard service
+        return None
+    if not link:
+        return None
+    try:  # a lambda travels by value: the scheduler need not have bertpipe installed
+        served = client.run_on_scheduler(
+            lambda: __import__("importlib.util").util.find_spec("bokeh") is not None)
+    except Exception:  # cannot tell (an old or locked-down scheduler): no dead link
+        return None
+    return str(link) if served else None
 
 
 def _local_shape(job: Job, workers: int | None, threads: int | None) -> tuple[int, int]:

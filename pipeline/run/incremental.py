@@ -93,7 +93,7 @@ def run_incremental(ctx: RunContext, executor: Executor | None, on_done: OnDone 
                              label="partitions of the texts to encode",
                              describe=lambda p: f"partition {p.index} of the texts to encode",
                              unchanged=f"; the store is unchanged (version {current.version})")
-        markers = run_partitions(work, executor, output, summary, on_done, on_plan)
+        markers, _ = run_partitions(work, executor, output, summary, on_done, on_plan)
         totals = MarkerTotals.of(markers)
         provenance = _commit(ctx, store, changes, staging, parts, totals, output.took_over)
     return _summarised(summary, provenance, changes, ctx.started)

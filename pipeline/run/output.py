@@ -12,6 +12,7 @@ run writes at a time. Every refusal happens before anything is written.
 from __future__ import annotations
 
 import fnmatch
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -147,8 +148,10 @@ def assess(job: Job, plan: Plan, overwrite: bool) -> tuple[str, Contents]:
     run = Staging(path).run_info() or {}
     existing = fingerprint_of(provenance) or fingerprint_of(run)
     if existing != plan.fingerprint:
-        raise StoreError(f"output.path: {path} holds output of a different job or model; "
-                         "pass --overwrite to replace it or choose another output.path")
+        stored = provenance.get("job") or run.get("job")
+        raise StoreError(f"output.path: {path} holds output of a different job or model"
+                         f"{job_changes(stored, job)}; pass --overwrite to replace it or "
+                         "choose another output.path")
     if provenance.get("complete"):
         _check_input(path, provenance, plan, "is complete, but")
         problems = verify_store(str(path))
@@ -164,6 +167,52 @@ def assess(job: Job, plan: Plan, overwrite: bool) -> tuple[str, Contents]:
                          f"{run.get('partition_rows')} to resume, or pass --overwrite to start "
                          "again")
     return "resume", contents
+
+
+# Job keys that say where or how a run goes, not what it writes (as Job.fingerprint).
+NOT_OUTPUT = ("execution", "output.path", "output.overwrite", "output.incremental",
+              "output.storage_options", "input.storage_options")
+SHOWN_CHANGES = 4
+
+
+def job_changes(stored: Any, job: Job) -> str:
+    """What differs between the job a store was made with and this one, vector-defining
+    keys first: ' (views.mean.normalize: false → true)'; the weights when no key differs;
+    '' when the store does not say."""
+    if not isinstance(stored, dict):
+        return ""
+    before, now = _flat(stored), _flat(job.to_dict())
+    keys = [k for k in sorted(before.keys() | now.keys()) if before.get(k, _ABSENT) !=
+            now.get(k, _ABSENT) and not k.startswith(NOT_OUTPUT)]
+    if not keys:
+        return " (the same job keys: the model's weights differ)"
+    defining = tuple(job.vector_parts())
+    keys.sort(key=lambda k: not k.startswith(defining))
+    shown = [f"{k}: {_shown(before.get(k, _ABSENT))} → {_shown(now.get(k, _ABSENT))}"
+             for k in keys[:SHOWN_CHANGES]]
+    more = f"; and {len(keys) - SHOWN_CHANGES} more" if len(keys) > SHOWN_CHANGES else ""
+    return f" ({'; '.join(shown)}{more})"
+
+
+_ABSENT = object()
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{'views': {'mean': {'normalize': True}}} → {'views.mean.normalize': True}"""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(_flat(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _shown(value: Any) -> str:
+    if value is _ABSENT:
+        return "(absent)"
+    return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
 def _check_input(path: str, recorded: dict[str, Any], plan: Plan, state: str) -> None:

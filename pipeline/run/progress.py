@@ -1,4 +1,8 @@
-"""Progress for `bertpipe extract`: a bar on a terminal, periodic log lines otherwise."""
+"""Progress for `bertpipe extract`: a bar on a terminal, periodic log lines otherwise.
+
+One unit throughout, rows: a row's cost is known from the start (tokens only once its
+partition ends), so the rate and the ETA never change meaning mid-run. Only the rows this
+run encodes count: a resumed run's finished partitions are neither done nor to do."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from typing import Any
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
+    TaskProgressColumn,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -25,15 +30,15 @@ LOG_EVERY_S = 10.0
 
 
 class Progress:
-    """Rows done (finished partitions, plus the share of batches done in running ones),
-    tokens/s and time; `quiet` keeps only warnings and errors (printed elsewhere)."""
+    """Rows done (finished partitions, plus the share of batches done in running ones) of
+    the rows to encode, their percentage, rows/s, elapsed time and ETA; `quiet` keeps only
+    warnings and errors (printed elsewhere)."""
 
     def __init__(self, interactive: bool | None = None, quiet: bool = False):
         self.interactive = sys.stderr.isatty() if interactive is None else interactive
         self.quiet = quiet
         self.running: dict[int, float] = {}  # partition index -> rows done in it (estimated)
         self.rows = 0
-        self.tokens = 0
         self.total_rows = 0
         self.started = time.perf_counter()
         self._last_log = 0.0
@@ -67,9 +72,9 @@ class Progress:
             self.message(f"resuming: {skipped} of {len(parts)} partitions already done")
         if self.interactive and pending and not self.quiet:
             self._bar = RichProgress(
-                TextColumn("encoding"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("rows {task.fields[rate]}"), TimeElapsedColumn(),
-                TimeRemainingColumn(), transient=True)
+                TextColumn("encoding"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
+                TaskProgressColumn(), TextColumn("{task.fields[rate]}"), TimeElapsedColumn(),
+                TextColumn("ETA"), TimeRemainingColumn(), transient=True)
             self._task = self._bar.add_task("rows", total=self.total_rows, rate="")
             self._bar.start()
         self.started = time.perf_counter()
@@ -83,17 +88,33 @@ class Progress:
     def partition_done(self, part: Partition, marker: PartitionMarker) -> None:
         self.running.pop(part.index, None)
         self.rows += part.n_rows
-        self.tokens += marker.n_tokens
         self._show(final=self.rows == self.total_rows)
 
     def _show(self, final: bool) -> None:
         rows = self.rows + int(sum(self.running.values()))
         elapsed = max(time.perf_counter() - self.started, 1e-9)
-        # tokens are known per finished partition; before the first one, rows/s
-        rate = (f"{self.tokens / elapsed:,.0f} tokens/s" if self.tokens
-                else f"{rows / elapsed:,.1f} rows/s")
+        rate = f"{rows / elapsed:,.1f} rows/s"
         if self._bar is not None:
             self._bar.update(self._task, completed=rows, rate=rate)
         elif elapsed - self._last_log >= LOG_EVERY_S or final:
             self._last_log = elapsed
-            self.message(f"{rows}/{self.total_rows} rows, {rate}, {elapsed:.0f}s")
+            self.message(progress_line(rows, self.total_rows, elapsed))
+
+
+def progress_line(rows: int, total: int, elapsed: float) -> str:
+    """'300/1,000 rows (30%), 12.5 rows/s, 24s elapsed, ETA 56s' (for logs, no bar)."""
+    share = rows / total if total else 1.0
+    rate = rows / elapsed if elapsed > 0 else 0.0
+    eta = "unknown" if rate <= 0 else duration((total - rows) / rate)
+    return (f"{rows:,}/{total:,} rows ({100 * share:.0f}%), {rate:,.1f} rows/s, "
+            f"{duration(elapsed)} elapsed, ETA {eta}")
+
+
+def duration(seconds: float) -> str:
+    """'45s', '3m 05s', '2h 07m'."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s // 3600}h {s % 3600 // 60:02d}m"

@@ -34,8 +34,9 @@ class RunSummary:
 
     Rows by what the run did with them: a full run adds every row; an incremental run adds
     new ids, replaces changed texts, skips unchanged rows and keeps or prunes gone ids.
-    `encoded` distinct texts went through the model; `copied` rows took the results of an
-    identical text instead (the encodings saved)."""
+    `encoded` distinct texts went through the model in this run; `copied` rows took the
+    results of an identical text instead (the encodings saved). A resumed run counts only
+    the partitions it ran, not those an earlier run finished."""
 
     path: str
     rows: int = 0
@@ -81,8 +82,9 @@ class RunSummary:
                     f"{self.unchanged} unchanged, replaced {self.replaced}, added "
                     f"{self.added}, {self.gone} gone{kept}; {self.copied} encodings saved "
                     f"by identical texts; {self.rows} rows in the store; {rate}; {parts}")
+        this_run = " this run" if self.skipped else ""  # a resume: the rest was done before
         return (f"{self.rows} rows, {self.chunks} chunks, {rate}; encoded {self.encoded} "
-                f"rows, {self.copied} encodings saved by identical texts; {parts}")
+                f"rows{this_run}, {self.copied} encodings saved by identical texts; {parts}")
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (`extract --json-summary`, schemas/run-summary.schema.json)."""

@@ -114,7 +114,7 @@ def full_run(ctx: RunContext, executor: Executor | None, on_done: OnDone | None 
             return summary
         work = PartitionWork(job, parts, staging, ctx.fingerprint, describe=_partition_named)
         try:
-            markers = run_partitions(work, executor, output, summary, on_done, on_plan)
+            markers, ran = run_partitions(work, executor, output, summary, on_done, on_plan)
         finally:
             summary.wall_s = ctx.elapsed()
         totals = MarkerTotals.of(markers)
@@ -125,8 +125,9 @@ def full_run(ctx: RunContext, executor: Executor | None, on_done: OnDone | None 
     summary.rows = summary.added = parts[-1].row_stop
     summary.chunks = totals.chunks
     summary.tokens = totals.tokens
-    summary.encoded = totals.distinct
-    summary.copied = summary.rows - summary.encoded
+    this_run = MarkerTotals.of(ran)  # not the partitions a resume found done
+    summary.encoded = this_run.distinct
+    summary.copied = this_run.copied
     summary.wall_s = ctx.elapsed()
     return summary
 

@@ -224,9 +224,13 @@ def _move_array(group: Location, source: str, target: str) -> None:
     group.child(source).remove_tree()
 
 
-LEVEL_TEXT = {"docs": "one row per input row (dimension doc, coordinate id); a variable per "
-                      "view and per carried column; bertpipe provenance at the store's root",
-              "chunks": "one row per chunk (dimension chunk); doc is the document's row"}
+# As plain xarray shows a group (`xr.open_zarr(path, group="docs")`), which is when a
+# reader needs them; pipeline.open_store renames the docs dimension `doc` (id a coordinate).
+LEVEL_TEXT = {"docs": "one row per input row, in input order (dimension id: the row's id, "
+                      "also its coordinate); a variable per view (VIEW_dim its width) and "
+                      "per carried column; bertpipe provenance at the store's root",
+              "chunks": "one row per chunk (dimension chunk); doc is the row number of its "
+                        "document in docs"}
 
 
 class _Guarded:
