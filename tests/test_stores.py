@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -197,3 +198,26 @@ def test_zarr_writes_whole_chunks(sizes: list[int]) -> None:
         assert all(b.num_rows > 0 for b in blocks)
     got = np.concatenate([b.column("x").to_numpy() for b in blocks]) if blocks else []
     np.testing.assert_array_equal(got, np.arange(start))
+
+
+def test_opening_a_zarr_store_reads_its_provenance_once(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The provenance (the root group's attributes) is read once per open, and handed to
+    what needs it (the checksums the arrays are verified against, the version to open)."""
+    from pipeline.stores import zarr_store
+
+    source = write_table(tmp_path / "in.parquet", {"id": ["a", "b", "c"],
+                                                    "text": ["a drug", "no sleep", "great"]})
+    job = Job.from_dict(job_dict(source, tiny_bert, tmp_path / "o.zarr"))
+    run_job(job)
+    reads: list[str] = []
+    original = zarr_store.ZarrFormat.read_provenance
+
+    def counted(self: Any, path: str) -> Any:
+        reads.append(path)
+        return original(self, path)
+
+    monkeypatch.setattr(zarr_store.ZarrFormat, "read_provenance", counted)
+    store = pipeline.open_store(tmp_path / "o.zarr")
+    assert store.vectors("mean").shape == (3, 32)
+    assert len(reads) == 1, reads

@@ -35,6 +35,9 @@ class StoreFormat(Protocol):
     stored; `stores.provenance` is the one place that turns it into a typed object."""
 
     name: str
+    # True when publishing a version never moves the files a reader of the previous one
+    # reads (the reader need not read the provenance again to know what it opened)
+    atomic_switch: bool
 
     def create(self, path: str, provenance: dict[str, Any]) -> None: ...
 
@@ -45,9 +48,12 @@ class StoreFormat(Protocol):
     def commit(self, path: str, staging: Staging, layout: Layout,
                provenance: dict[str, Any]) -> None: ...
 
-    def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]: ...
+    def open_datasets(self, path: str, provenance: dict[str, Any] | None = None
+                      ) -> tuple[xr.Dataset, xr.Dataset | None]:
+        """The docs and chunks levels, lazily; `provenance` when the caller has read it."""
 
-    def open_tokens(self, path: str) -> xr.Dataset | None: ...
+    def open_tokens(self, path: str, provenance: dict[str, Any] | None = None
+                    ) -> xr.Dataset | None: ...
 
     def add_view(self, path: str, source: str, name: str,
                  fn: Callable[[np.ndarray], np.ndarray], levels: Sequence[str]) -> None: ...

@@ -100,8 +100,8 @@ def _open(path: str, require_complete: bool) -> StoreData:
     for attempt in range(SWITCH_RETRIES + 1):
         try:
             check_sizes(fmt, path, raw)
-            docs, chunks = fmt.open_datasets(path)
-            tokens = fmt.open_tokens(path)
+            docs, chunks = fmt.open_datasets(path, raw)
+            tokens = fmt.open_tokens(path, raw)
         except StoreError:
             # an update switching versions (Parquet: two renames) shows files of two
             # versions for a moment: read the provenance again and retry
@@ -111,7 +111,7 @@ def _open(path: str, require_complete: bool) -> StoreData:
             raw = again
             time.sleep(0.05)
             continue
-        if version_of(fmt.read_provenance(path)) == version_of(raw):
+        if fmt.atomic_switch or version_of(fmt.read_provenance(path)) == version_of(raw):
             break
         raw = fmt.read_provenance(path) or {}  # switched while opening: open the new one
     provenance = Provenance.from_dict(raw, path)

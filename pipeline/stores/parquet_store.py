@@ -266,6 +266,9 @@ class ParquetFormat:
     """The Parquet store format (see the module docstring for its layout)."""
 
     name = "parquet"
+    # publishing renames the docs and chunks files one after the other: a reader checks
+    # that the version it read the provenance of is still the one it opened
+    atomic_switch = False
 
     def create(self, path: str, provenance: dict[str, Any]) -> None:
         resolve(path).make_dirs()
@@ -316,7 +319,8 @@ class ParquetFormat:
                 with_store_token_offsets(_conformed(staging, "docs", layout)))
         _write(level_file(root, "docs"), docs, provenance)
 
-    def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
+    def open_datasets(self, path: str, provenance: dict[str, Any] | None = None
+                      ) -> tuple[xr.Dataset, xr.Dataset | None]:
         root = resolve(path)
         docs = _dataset(level_file(root, "docs"), "doc")
         docs = docs.set_coords("id")
@@ -324,7 +328,8 @@ class ParquetFormat:
         chunks = _dataset(chunks_file, "chunk") if chunks_file.exists() else None
         return docs, chunks
 
-    def open_tokens(self, path: str) -> xr.Dataset | None:
+    def open_tokens(self, path: str, provenance: dict[str, Any] | None = None
+                    ) -> xr.Dataset | None:
         parts = resolve(path).child(TOKENS_DIR).glob("part-*.parquet")
         return _parts_dataset(parts, "piece") if parts else None
 

@@ -299,10 +299,12 @@ def _open_group(path: str, **kwargs: Any) -> Any:
     return zarr.open_group(zarr_store(path, read_only=kwargs.get("mode") == "r"), **kwargs)
 
 
-def _verified_group(path: str, writable: bool = False) -> Any:
+def _verified_group(path: str, writable: bool = False,
+                    provenance: dict[str, Any] | None = None) -> Any:
     """The current version's group (the root for version 0), opened so that every recorded
-    file is checked as it is read."""
-    provenance = ZarrFormat().read_provenance(path)
+    file is checked as it is read; `provenance` when the caller has read it already."""
+    if provenance is None:
+        provenance = ZarrFormat().read_provenance(path)
     store = VerifiedStore(zarr_store(path, read_only=not writable),
                           recorded_checksums(provenance), path)
     if writable:
@@ -320,6 +322,9 @@ class ZarrFormat:
     """The Zarr v3 store format (see the module docstring for its layout)."""
 
     name = "zarr"
+    # a version's arrays are never moved once written (versions/<n>/ beside the current):
+    # a reader that read the provenance keeps a consistent view without reading it again
+    atomic_switch = True
 
     def create(self, path: str, provenance: dict[str, Any]) -> None:
         with warnings.catch_warnings():
@@ -356,8 +361,9 @@ class ZarrFormat:
                 _write_tokens(root, staging, layout)
         self.update_provenance(path, provenance)
 
-    def open_datasets(self, path: str) -> tuple[xr.Dataset, xr.Dataset | None]:
-        root = _verified_group(path)
+    def open_datasets(self, path: str, provenance: dict[str, Any] | None = None
+                      ) -> tuple[xr.Dataset, xr.Dataset | None]:
+        root = _verified_group(path, provenance=provenance)
         docs = _dataset(root["docs"], {}, f"{path}: docs")
         if "ids" in root:  # stores written before the ids moved into docs/
             docs = docs.assign_coords(id=("doc", _lazy(root["ids"], f"{path}: ids")))
@@ -369,8 +375,9 @@ class ZarrFormat:
         chunks = _dataset(root["chunks"], {}, f"{path}: chunks") if "chunks" in root else None
         return docs, chunks
 
-    def open_tokens(self, path: str) -> xr.Dataset | None:
-        root = _verified_group(path)
+    def open_tokens(self, path: str, provenance: dict[str, Any] | None = None
+                    ) -> xr.Dataset | None:
+        root = _verified_group(path, provenance=provenance)
         return _dataset(root["tokens"], {}, f"{path}: tokens") if "tokens" in root else None
 
     def add_view(self, path: str, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
