@@ -93,20 +93,12 @@ def check_openvino_job(spec: ModelSpec, config: Any) -> None:
                          f"{_kind(config)}; use model.runtime: torch")
 
 
-def token_views_refusal(token_views: Sequence[str]) -> ModelError:
-    return ModelError(f"model.runtime: openvino gives pooled views only; token views "
-                      f"({', '.join(token_views)}) need model.runtime: torch")
-
-
-def check_runtime(spec: ModelSpec, config: Any, token_views: Sequence[str],
-                  here: bool) -> None:
+def check_runtime(spec: ModelSpec, config: Any, here: bool) -> None:
     """Refuse, before any weights load, what `load_encoder` would refuse. `here`: the model
     runs on this machine (its device and installed runtimes decide); else the workers'
     machines decide those, and only what holds everywhere is checked."""
     if spec.runtime == "openvino":  # the job's own mistakes first: they hold everywhere
         check_openvino_job(spec, config)
-        if token_views:
-            raise token_views_refusal(token_views)
     if here:
         choose_runtime(spec, config)
 
@@ -115,13 +107,7 @@ def load_encoder(spec: ModelSpec, config: Any, views: Sequence[ResolvedView],
                  needs: ForwardNeeds) -> tuple[LoadedModel, Encoder, Runtime]:
     """The loaded model, the encoder that runs it, and the runtime actually used."""
     forward: Forward
-    name = choose_runtime(spec, config)
-    token_views = [v.name for v in views if v.per_token]
-    if name == "openvino" and token_views:
-        if spec.runtime == "openvino":
-            raise token_views_refusal(token_views)
-        name = "torch"  # auto: token views are computed by the torch encoder
-    if name == "torch":
+    if choose_runtime(spec, config) == "torch":
         model = load_model(spec, keep_layers=needs.blocks_to_run, need_pooler=needs.pooler,
                            need_cls_attention=needs.cls_attention)
         forward = TorchForward(model, needs)
