@@ -623,9 +623,6 @@ ROWS = [
         "execution.scheduler", "tcp://scheduler"))), 2, "(host:port after tcp://)"),
     Row("execution.scheduler port out of range", _cli("validate", _job(_set(
         "execution.scheduler", "tcp://scheduler:99999"))), 2, "port 99999 of"),
-    Row("token view with model.runtime openvino: validate", _cli("validate", _job(lambda raw: (
-        _views(t={"pooling": "tokens"})(raw), _set("model.runtime", "openvino")(raw)))), 4,
-        "model.runtime: openvino gives pooled views only; token views (t)"),
     Row("model without weights: validate", _cli("validate", _job(model=_no_weights)), 4,
         "has no weights (no *.safetensors file)"),
     Row("model with pickle weights only: validate", _cli("validate", _job(

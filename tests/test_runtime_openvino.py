@@ -1,6 +1,7 @@
 """The OpenVINO runtime against the torch float32 reference and plain transformers: every
-view kind on real text (a chunked long document included), block-cut jobs, the runtime
-recorded in the store, and the export cache (reused, invalidated, written atomically)."""
+view kind, token views included, on real text (a chunked long document included),
+block-cut jobs, the runtime recorded in the store, and the export cache (reused,
+invalidated, written atomically)."""
 
 from __future__ import annotations
 
@@ -118,6 +119,58 @@ def test_every_view_equals_torch_float32(tiny_bert: Path, texts: list[str], cach
         np.testing.assert_array_equal(vectors, got.docs[view], err_msg=view)
 
 
+# Token views of every layer kind beside a pooled view that needs the [CLS] row: the graph
+# must return each hidden state, and the rows kept per chunk come from the shared Encoder.
+TOKEN_VIEWS: dict[str, Any] = {
+    "tok": {"pooling": "tokens"},
+    "emb": {"layers": [0], "pooling": "tokens"},
+    "mix": {"layers": "all", "combine": "scalar_mix", "weights": [0.2, -1.0, 1.5],
+            "gamma": 0.7, "pooling": "tokens"},
+    "cat": {"layers": [-2, -1], "combine": "concat", "pooling": "tokens", "normalize": True},
+    "attn": {"pooling": "attention"},
+}
+
+
+@pytest.mark.parametrize("runtime", ["openvino", "auto"])
+def test_token_views_equal_torch_float32(tiny_bert: Path, texts: list[str], cache: Path,
+                                         runtime: str) -> None:
+    """Token views run on OpenVINO (neither refused nor sent to torch), and every stored
+    token vector equals torch float32's within the pooled views' tolerance."""
+    reference = extractor(tiny_bert, TOKEN_VIEWS, "torch").encode_texts(texts)
+    ex = extractor(tiny_bert, TOKEN_VIEWS, runtime)
+    assert ex.runtime == runtime_mod.Runtime("openvino", "float32")
+    assert isinstance(ex.encoder.forward, rov.OpenVINOForward)
+    got = ex.encode_texts(texts)
+    assert got.chunked.n_chunks[-1] > 10  # the long document's tokens come from many chunks
+    n_tokens = int(got.chunked.n_covered.sum())
+    assert {name: len(v) for name, v in got.tokens.items()} == dict.fromkeys(
+        ("tok", "emb", "mix", "cat"), n_tokens)
+    assert_same_vectors(got.tokens, reference.tokens)
+    assert_same_vectors(got.docs, reference.docs)
+    outputs = [o.get_any_name() for o in ex.encoder.forward.compiled.outputs]
+    assert outputs == ["hidden_0", "hidden_1", "hidden_2", "cls_attention"]
+
+
+def test_token_view_job_runs_on_openvino(tiny_bert: Path, tmp_path: Path, small_texts: Path,
+                                         cache: Path) -> None:
+    """A whole run (the checks before it included) of a token view on runtime openvino:
+    recorded as an OpenVINO store, the tokens level equal to a torch run's."""
+    views = {"tok": {"pooling": "tokens"}, "mean": {"pooling": "mean"}}
+    raw = job_dict(small_texts, tiny_bert, tmp_path / "ov.zarr", views=views)
+    raw["model"]["runtime"] = "openvino"
+    run_job(Job.from_dict(raw))
+    run_job(Job.from_dict(job_dict(small_texts, tiny_bert, tmp_path / "ref.zarr",
+                                   views=views)))
+    store = pipeline.open_store(tmp_path / "ov.zarr")
+    reference = pipeline.open_store(tmp_path / "ref.zarr")
+    assert store.provenance.runtime == ["openvino"]
+    assert reference.provenance.runtime == ["torch"]
+    assert store.token_dataset is not None and reference.token_dataset is not None
+    got, want = store.token_dataset["tok"].values, reference.token_dataset["tok"].values
+    assert got.shape == want.shape and len(got) > 10  # one row per token of 10 texts
+    assert_same_vectors({"tok": got}, {"tok": want})
+
+
 @pytest.mark.slow  # two fresh interpreters importing the runtime
 def test_worker_processes_cold_then_warm(tiny_bert: Path, tmp_path: Path, cache: Path
                                         ) -> None:
@@ -186,7 +239,7 @@ def test_exported_graph_equals_plain_transformers(tiny_bert: Path, cache: Path) 
     entry = rov.cached_export(rov.export_key({"w": "x"}, {}, (0, 2), True),
                               lambda dest: rov.export(model, (0, 2), True, dest))
     forward = rov.OpenVINOForward(entry, (0, 2), True, "float32", threads=1)
-    states, cls_row = forward(ids.numpy(), mask.numpy())
+    states, cls_row = forward(ids, mask)
     keep = mask.bool()
     for layer in (0, 2):
         np.testing.assert_allclose(states[layer][keep], want.hidden_states[layer][keep],
@@ -377,25 +430,37 @@ REAL_VIEWS: dict[str, Any] = {
 }
 
 
+REAL_TOKEN_VIEWS: dict[str, Any] = {
+    "tok": {"pooling": "tokens"},
+    "top2": {"layers": [-2, -1], "combine": "mean", "pooling": "tokens"},
+}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, cosine_min", [("float32", 0.9999), ("auto", 0.999)])
 def test_real_model_every_view(minilm: Path, texts: list[str], dtype: str,
                                cosine_min: float) -> None:
     """MiniLM on real reviews and a long document (512-token chunks), every view kind,
-    against torch float32. `auto` is bf16 on a CPU with native bf16 (documented 0.999)."""
+    token views included, against torch float32. `auto` is bf16 on a CPU with native bf16
+    (documented 0.999; each token vector is held to it as well)."""
     from pydoc_data.topics import topics
 
     docs = texts + [topics["try"]]  # ~1,700 tokens: 4 chunks of 512
-    reference = extractor(minilm, REAL_VIEWS, "torch").encode_texts(docs)
-    ex = extractor(minilm, REAL_VIEWS, "openvino", dtype=dtype)
+    views = {**REAL_VIEWS, **REAL_TOKEN_VIEWS}
+    reference = extractor(minilm, views, "torch").encode_texts(docs)
+    ex = extractor(minilm, views, "openvino", dtype=dtype)
     got = ex.encode_texts(docs)
     assert got.chunked.n_chunks[-1] > 1
     for level in ("chunks", "docs"):
         for view in REAL_VIEWS:
             a, b = getattr(got, level)[view], getattr(reference, level)[view]
             assert cosine(a, b).min() >= cosine_min, (level, view)
+    assert len(got.tokens["tok"]) == int(got.chunked.n_covered.sum())
+    for view in REAL_TOKEN_VIEWS:
+        assert cosine(got.tokens[view], reference.tokens[view]).min() >= cosine_min, view
     if ex.runtime.dtype == "float32":
         assert_same_vectors(got.docs, reference.docs)
+        assert_same_vectors(got.tokens, reference.tokens)
     # a block-cut job on the real model: layer 3 only runs 3 of 6 blocks
     cut = extractor(minilm, {"l3": REAL_VIEWS["l3"]}, "openvino", dtype=dtype)
     assert cut.needs.blocks_to_run == 3

@@ -1,19 +1,23 @@
-"""The encoding loop: token ids in, one float32 matrix per view out.
+"""The encoding loop: token ids in, one float32 matrix per view out, whatever the runtime.
 
-One forward pass per batch serves every view. Hidden states are requested only when a
-view needs a layer other than the last one run; the [CLS] attention row for attention
-pooling is recomputed from the last block's input for query position 0 only, so the
-model keeps its fast (SDPA) attention kernel. A token view (`pooling: tokens`) is the
-other output kind: instead of one vector per sequence it returns the rows of the
-positions each sequence keeps (its own content tokens), flat in input order.
+`Encoder` owns everything but the forward pass: batching, padding, the views, and where
+each batch's rows go. The forward pass is a `Forward`: (ids, mask) -> (the hidden states
+the views need, the [CLS] attention row or None). The torch runtime (`runtime.
+TorchForward`) and the OpenVINO runtime (`runtime_openvino.OpenVINOForward`) implement
+only that, so every view kind, token views included, runs the same code on both.
+
+One forward pass per batch serves every view. The [CLS] attention row for attention
+pooling is `ClsAttention`, one formula for both runtimes: recomputed from the last block's
+input for query position 0 only, so the model keeps its fast (SDPA or fused) attention
+kernel. A token view (`pooling: tokens`) is the other output kind: instead of one vector
+per sequence it returns the rows of the positions each sequence keeps (its own content
+tokens), flat in input order.
 """
 
 from __future__ import annotations
 
-import contextlib
-import math
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -21,26 +25,36 @@ import torch
 from ..errors import ModelError
 from ..spec import BatchingSpec
 from .batching import plan_batches
-from .families import last_block
 from .model import LoadedModel
 from .views import ForwardNeeds, PoolContext, ResolvedView
+
+Tensor = torch.Tensor
+
+
+class Forward(Protocol):
+    """One forward pass of a runtime.
+
+    (ids (B, T) int64, mask (B, T) int64, 1 = token, on the model's device) ->
+    ({layer: (B, T, H) float32} for every layer in `needs.layers`,
+     the last block's [CLS] attention row (B, T) float32 when `needs.cls_attention`, else
+     None).
+    """
+
+    def __call__(self, ids: Tensor, mask: Tensor) -> tuple[dict[int, Tensor], Tensor | None]:
+        ...
 
 
 class Encoder:
     # on_batch(batches done, batches planned) after each forward pass: progress only
     on_batch: Callable[[int, int], None] | None = None
 
-    def __init__(self, model: LoadedModel, views: Sequence[ResolvedView], needs: ForwardNeeds):
+    def __init__(self, model: LoadedModel, views: Sequence[ResolvedView], needs: ForwardNeeds,
+                 forward: Forward):
         self.model = model
         self.views = list(views)
         self.needs = needs
+        self.forward = forward
         self.pad_id = int(model.tokenizer.pad_token_id or 0)
-        # a model that could not be cut runs more blocks than the views need: read the
-        # needed layer from hidden_states, not from its last output
-        self.hidden_states = needs.hidden_states or model.blocks_run != needs.blocks_to_run
-        self._cls_attention: _ClsAttention | None = None
-        if needs.cls_attention:
-            self._cls_attention = _ClsAttention(model)
 
     def encode(self, sequences: Sequence[Sequence[int]], batching: BatchingSpec,
                keep: Sequence[tuple[int, int]] | None = None) -> dict[str, np.ndarray]:
@@ -82,19 +96,12 @@ class Encoder:
         keep[b] = [lo, hi) of each sequence, concatenated (every position when None)."""
         ids, mask = self._pad(sequences)  # (B, T)
         with torch.inference_mode():
-            with self._capture_attention() as capture:
-                outputs = self.model.module(
-                    input_ids=ids, attention_mask=mask,
-                    output_hidden_states=self.hidden_states, return_dict=True,
-                )
-            states = self._states(outputs)  # {layer: (B, T, H) float32}
+            states, cls_attention = self.forward(ids, mask)  # {layer: (B, T, H)}, (B, T)
             bool_mask = mask.bool()
-            ctx = PoolContext(
-                cls_attention=capture(bool_mask) if capture else None,
-                pooler=self.model.pooler if self.needs.pooler else None,
-            )
+            ctx = PoolContext(cls_attention=cls_attention,
+                              pooler=self.model.pooler if self.needs.pooler else None)
             out = {}
-            rows: tuple[torch.Tensor, torch.Tensor] | None = None
+            rows: tuple[Tensor, Tensor] | None = None
             for v in self.views:
                 computed = v.compute(states, bool_mask, ctx)
                 if v.per_token:  # (B, T, width) -> (K, width), kept rows only
@@ -103,7 +110,7 @@ class Encoder:
                 out[v.name] = computed.float().cpu().numpy()
             return out
 
-    def _pad(self, sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pad(self, sequences: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
         longest = max(len(s) for s in sequences)
         ids = torch.full((len(sequences), longest), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(sequences), longest), dtype=torch.long)
@@ -112,72 +119,9 @@ class Encoder:
             mask[row, : len(seq)] = 1
         return ids.to(self.model.device), mask.to(self.model.device)
 
-    def _states(self, outputs: Any) -> dict[int, torch.Tensor]:
-        # Pool in float32 whatever the compute dtype: sums over hundreds of tokens in
-        # bf16 would lose more precision than the matmuls did.
-        if self.hidden_states:
-            hs = outputs.hidden_states
-            return {i: hs[i].float() for i in self.needs.layers}
-        return {self.needs.blocks_to_run: outputs.last_hidden_state.float()}
-
-    @contextlib.contextmanager
-    def _capture_attention(self) -> Iterator[Any]:
-        if self._cls_attention is None:
-            yield None
-            return
-        with self._cls_attention.hooked() as capture:
-            yield capture
-
-
-class _ClsAttention:
-    """Recomputes the last block's [CLS] attention row, averaged over heads.
-
-    softmax(q_0 · K^T / sqrt(d_head) + padding mask) for query position 0 only: O(T·H)
-    extra work instead of switching the model to eager attention for (B, heads, T, T).
-    Exact for the families in `model.PLAIN_ATTENTION_TYPES` (the loader refuses others).
-    """
-
-    def __init__(self, model: LoadedModel):
-        layer = last_block(model.module)
-        self.attn, self.q, self.k = _find_query_key(layer)
-        config: Any = model.module.config
-        self.n_heads = int(config.num_attention_heads)
-        self._hidden: torch.Tensor | None = None
-
-    @contextlib.contextmanager
-    def hooked(self) -> Iterator[Any]:
-        def grab(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            self._hidden = args[0] if args else next(iter(kwargs.values()))
-
-        handle = self.attn.register_forward_pre_hook(grab, with_kwargs=True)
-        self._hidden = None
-        try:
-            yield self._weights
-        finally:
-            handle.remove()
-
-    def _weights(self, mask: torch.Tensor) -> torch.Tensor:
-        """(B, T) attention of position 0 over the non-padding tokens (mask: B, T bool)."""
-        h = self._hidden
-        if h is None:
-            raise RuntimeError("the last attention block did not run")
-        h = h.float()
-        b, t, hidden = h.shape
-        d_head = hidden // self.n_heads
-        q0 = torch.nn.functional.linear(h[:, 0], self.q.weight.float(), _f(self.q.bias))
-        q0 = q0.view(b, self.n_heads, d_head)  # (B, nh, dh)
-        # q0·(W_k h_t + b_k) = (W_kᵀ q0)·h_t + q0·b_k: fold the key projection into the
-        # query (H·nh work per token instead of H·H); the bias term is constant over t and
-        # cancels in the softmax.
-        w_k = self.k.weight.float().view(self.n_heads, d_head, hidden)  # (nh, dh, H)
-        u = torch.einsum("bnd,ndh->bnh", q0, w_k)  # (B, nh, H)
-        scores = torch.einsum("bnh,bth->bnt", u, h) / math.sqrt(d_head)
-        scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
-        return torch.softmax(scores, dim=-1).mean(1)  # (B, T)
-
 
 def _kept_rows(keep: Sequence[tuple[int, int]] | None, lengths: Sequence[int],
-               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+               device: torch.device) -> tuple[Tensor, Tensor]:
     """(batch index, position) of every kept token, sequence after sequence."""
     spans = keep if keep is not None else [(0, n) for n in lengths]
     batch = [torch.full((hi - lo,), b, dtype=torch.long) for b, (lo, hi) in enumerate(spans)]
@@ -185,15 +129,52 @@ def _kept_rows(keep: Sequence[tuple[int, int]] | None, lengths: Sequence[int],
     return torch.cat(batch).to(device), torch.cat(pos).to(device)
 
 
-def _f(t: torch.Tensor | None) -> torch.Tensor | None:
+# ---- the [CLS] attention row -----------------------------------------------------------
+
+class ClsAttention(torch.nn.Module):
+    """The last block's [CLS] attention row, averaged over heads, from that block's input.
+
+    softmax(q_0 · K^T / sqrt(d_head) + padding mask) for query position 0 only: O(T·H)
+    extra work instead of switching the model to eager attention for (B, heads, T, T).
+    Exact for the families in `families.PLAIN_ATTENTION_TYPES` (the loader refuses others).
+    The one formula of both runtimes: the torch runtime calls it on the input it hooks
+    from the last block, the OpenVINO export traces it into its graph.
+    """
+
+    def __init__(self, query: torch.nn.Linear, key: torch.nn.Linear, n_heads: int):
+        super().__init__()
+        self.q, self.k = query, key
+        self.n_heads = n_heads
+        self.hidden = int(self.k.weight.shape[1])
+        self.d_head = self.hidden // n_heads
+
+    def forward(self, h: Tensor, mask: Tensor) -> Tensor:
+        """(B, T) attention of position 0 over the non-padding tokens; h (B, T, H) the last
+        block's input, mask (B, T) bool. Rows sum to 1."""
+        h = h.float()  # a bf16 model's row in float32: it weights sums over every token
+        q0 = torch.nn.functional.linear(h[:, 0], self.q.weight.float(), _f(self.q.bias))
+        q0 = q0.view(-1, self.n_heads, self.d_head)  # (B, nh, dh)
+        # q0·(W_k h_t + b_k) = (W_kᵀ q0)·h_t + q0·b_k: fold the key projection into the
+        # query (H·nh work per token instead of H·H); the bias term is constant over t and
+        # cancels in the softmax.
+        w_k = self.k.weight.float().view(self.n_heads, self.d_head, self.hidden)  # (nh,dh,H)
+        u = torch.einsum("bnd,ndh->bnh", q0, w_k)  # (B, nh, H)
+        scores = torch.einsum("bnh,bth->bnt", u, h) * self.d_head ** -0.5  # (B, nh, T)
+        scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
+        return torch.softmax(scores, dim=-1).mean(1)  # (B, T)
+
+
+def _f(t: Tensor | None) -> Tensor | None:
     return None if t is None else t.float()
 
 
-def _find_query_key(layer: torch.nn.Module) -> tuple[torch.nn.Module, Any, Any]:
-    for module in layer.modules():
+def find_query_key(block: torch.nn.Module) -> tuple[torch.nn.Module, Any, Any]:
+    """The module of a transformer block that projects queries and keys (its input is the
+    row's `h`), and those two projections (nn.Linear)."""
+    for module in block.modules():
         for q, k in (("query", "key"), ("q_lin", "k_lin"), ("q_proj", "k_proj")):
             if isinstance(getattr(module, q, None), torch.nn.Linear) and isinstance(
                     getattr(module, k, None), torch.nn.Linear):
                 return module, getattr(module, q), getattr(module, k)
     raise ModelError(f"pooling attention: cannot find query/key projections in "
-                     f"{type(layer).__name__}")
+                     f"{type(block).__name__}")

@@ -28,7 +28,7 @@ BLOCK_PATHS = ("encoder.layer",  # BERT, RoBERTa, XLM-RoBERTa, ELECTRA, DeBERTa
 
 # Families whose attention logits are (W_q h_0 + b_q)·(W_k h_t + b_k) / sqrt(d_head) plus
 # the padding mask, nothing else: for them the [CLS] attention row is recomputed exactly
-# from the last block's input (encode._ClsAttention); other families are refused.
+# from the last block's input (encode.ClsAttention); other families are refused.
 PLAIN_ATTENTION_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "electra",
                                    "albert", "distilbert"})
 # Why the others cannot have it, where we know.

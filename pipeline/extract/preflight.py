@@ -91,8 +91,7 @@ def preflight(job: Job) -> Plan:
     check_weights(job.model)
     # the model runs here on the synchronous and local schedulers; a remote cluster's
     # workers have their own devices and runtimes (checked where they load it)
-    check_runtime(job.model, config, [v.name for v in job.token_views],
-                  here=job.execution.scheduler in ("synchronous", "local"))
+    check_runtime(job.model, config, here=job.execution.scheduler in ("synchronous", "local"))
     tokenizer = load_tokenizer(job.model)
     try:
         specials = Specials.from_tokenizer(tokenizer)

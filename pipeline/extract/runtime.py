@@ -6,8 +6,11 @@
               (runtime_openvino.py); refused where it cannot run
     auto      openvino on the CPU when it is installed and the model is a BERT, else torch
 
-Both runtimes feed the same views (views.py) with float32 hidden states, so a view's
-vectors agree within float32 rounding whichever runtime made them.
+Each runtime is only a forward pass (`encode.Forward`): `TorchForward` here,
+`OpenVINOForward` in runtime_openvino.py. The one `encode.Encoder` batches, pads and
+computes every view (views.py, token views included) from the float32 hidden states
+either gives, so a view's vectors agree within float32 rounding whichever runtime made
+them.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import torch
 
 from ..errors import ModelError
 from ..spec import ModelSpec
-from .encode import Encoder
+from .encode import ClsAttention, Encoder, Forward, find_query_key
+from .families import last_block
 from .model import LoadedModel, load_model, resolve_device, resolve_dtype
 from .views import ForwardNeeds, ResolvedView
 
@@ -89,20 +93,12 @@ def check_openvino_job(spec: ModelSpec, config: Any) -> None:
                          f"{_kind(config)}; use model.runtime: torch")
 
 
-def token_views_refusal(token_views: Sequence[str]) -> ModelError:
-    return ModelError(f"model.runtime: openvino gives pooled views only; token views "
-                      f"({', '.join(token_views)}) need model.runtime: torch")
-
-
-def check_runtime(spec: ModelSpec, config: Any, token_views: Sequence[str],
-                  here: bool) -> None:
+def check_runtime(spec: ModelSpec, config: Any, here: bool) -> None:
     """Refuse, before any weights load, what `load_encoder` would refuse. `here`: the model
     runs on this machine (its device and installed runtimes decide); else the workers'
     machines decide those, and only what holds everywhere is checked."""
     if spec.runtime == "openvino":  # the job's own mistakes first: they hold everywhere
         check_openvino_job(spec, config)
-        if token_views:
-            raise token_views_refusal(token_views)
     if here:
         choose_runtime(spec, config)
 
@@ -110,26 +106,70 @@ def check_runtime(spec: ModelSpec, config: Any, token_views: Sequence[str],
 def load_encoder(spec: ModelSpec, config: Any, views: Sequence[ResolvedView],
                  needs: ForwardNeeds) -> tuple[LoadedModel, Encoder, Runtime]:
     """The loaded model, the encoder that runs it, and the runtime actually used."""
-    name = choose_runtime(spec, config)
-    token_views = [v.name for v in views if v.per_token]
-    if name == "openvino" and token_views:
-        if spec.runtime == "openvino":
-            raise token_views_refusal(token_views)
-        name = "torch"  # auto: token views are computed by the torch encoder
-    if name == "torch":
+    forward: Forward
+    if choose_runtime(spec, config) == "torch":
         model = load_model(spec, keep_layers=needs.blocks_to_run, need_pooler=needs.pooler,
                            need_cls_attention=needs.cls_attention)
+        forward = TorchForward(model, needs)
         runtime = Runtime("torch", dtype_name(model.compute_dtype))
-        return model, Encoder(model, views, needs), runtime
+    else:
+        from .runtime_openvino import openvino_forward  # why here: openvino is optional
 
-    from .runtime_openvino import openvino_encoder  # why here: openvino is optional
+        wanted = dtype_name(resolve_dtype(spec.dtype, torch.device("cpu")))
+        model, forward = openvino_forward(spec, config, needs, wanted)
+        if forward.precision != wanted:
+            log.info("model.dtype: openvino runs %s on this CPU (asked for %s)",
+                     forward.precision, wanted)
+        runtime = Runtime("openvino", forward.precision)
+    return model, Encoder(model, views, needs, forward), runtime
 
-    wanted = dtype_name(resolve_dtype(spec.dtype, torch.device("cpu")))
-    model, encoder = openvino_encoder(spec, config, views, needs, wanted)
-    actual = encoder.forward.precision
-    if actual != wanted:
-        log.info("model.dtype: openvino runs %s on this CPU (asked for %s)", actual, wanted)
-    return model, encoder, Runtime("openvino", actual)
+
+class TorchForward:
+    """The torch module's own forward pass (SDPA attention kept): (ids, mask) ->
+    (states, [CLS] attention row), see `encode.Forward`."""
+
+    def __init__(self, model: LoadedModel, needs: ForwardNeeds):
+        self.module = model.module
+        self.layers = sorted(needs.layers)
+        self.last = needs.blocks_to_run
+        # a model that could not be cut runs more blocks than the views need: read the
+        # needed layer from hidden_states, not from its last output
+        self.hidden_states = needs.hidden_states or model.blocks_run != needs.blocks_to_run
+        self.attention: torch.nn.Module | None = None  # whose input the [CLS] row needs
+        self.cls_attention: ClsAttention | None = None
+        if needs.cls_attention:
+            config: Any = model.module.config
+            self.attention, query, key = find_query_key(last_block(model.module))
+            self.cls_attention = ClsAttention(query, key, int(config.num_attention_heads))
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor
+                 ) -> tuple[dict[int, torch.Tensor], torch.Tensor | None]:
+        grabbed: list[torch.Tensor] = []  # the last block's attention input (B, T, H)
+
+        def grab(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+                 ) -> None:
+            # the last call's: ALBERT runs its one shared block L times
+            grabbed[:] = [args[0] if args else next(iter(kwargs.values()))]
+
+        hook = (self.attention.register_forward_pre_hook(grab, with_kwargs=True)
+                if self.attention is not None else None)
+        try:
+            outputs = self.module(input_ids=ids, attention_mask=mask,
+                                  output_hidden_states=self.hidden_states, return_dict=True)
+        finally:
+            if hook is not None:
+                hook.remove()
+        # Pool in float32 whatever the compute dtype: sums over hundreds of tokens in
+        # bf16 would lose more precision than the matmuls did.
+        if self.hidden_states:
+            states = {i: outputs.hidden_states[i].float() for i in self.layers}
+        else:
+            states = {self.last: outputs.last_hidden_state.float()}
+        if self.cls_attention is None:
+            return states, None
+        if not grabbed:
+            raise RuntimeError("the last attention block did not run")
+        return states, self.cls_attention(grabbed[-1], mask.bool())
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -5,11 +5,13 @@ with a 4-D additive padding mask) and returns exactly what the job's views need:
 
     hidden_states[l] for l in needs.layers     each (B, T, H); 0 = the embedding output
     cls_attention (only for attention pooling) (B, T): the last block's [CLS] row,
-        softmax(q_0 · K^T / sqrt(d_head) + mask), averaged over heads
+        softmax(q_0 · K^T / sqrt(d_head) + mask), averaged over heads, traced from
+        `encode.ClsAttention` (the torch runtime's formula)
 
-`openvino.convert_model` turns it into a graph with dynamic B and T. The pooler, the
-combines and the poolings stay in `views.py` and run on these outputs as torch tensors,
-so every view works the same as on the torch runtime.
+`openvino.convert_model` turns it into a graph with dynamic B and T. `OpenVINOForward`
+runs it as an `encode.Forward`: the pooler, the combines, the poolings and the token rows
+stay in `encode.Encoder` and `views.py` and run on these outputs as torch tensors, so
+every view, token views included, works the same as on the torch runtime.
 
 Cache. One folder per export key (weights SHA-256, config, needed layers, [CLS] row,
 OpenVINO/torch/transformers versions, this module's format number):
@@ -46,7 +48,7 @@ import torch
 
 from ..errors import ModelError
 from ..spec import ModelSpec
-from .encode import Encoder
+from .encode import ClsAttention, find_query_key
 from .model import (
     LoadedModel,
     check_pooler,
@@ -55,12 +57,13 @@ from .model import (
     max_positions,
     model_fingerprint,
 )
-from .views import ForwardNeeds, PoolContext, ResolvedView
+from .views import ForwardNeeds
 
 log = logging.getLogger(__name__)
 
 # Bump when EncoderOutputs or the export settings change: old entries are then not reused.
-EXPORT_FORMAT = 1
+# 2: the [CLS] row is encode.ClsAttention (the key projection folded into the query)
+EXPORT_FORMAT = 2
 CACHE_ENV = "BERTPIPE_CACHE_DIR"
 INPUTS = ("input_ids", "attention_mask")
 
@@ -93,39 +96,30 @@ class EncoderOutputs(torch.nn.Module):
         self.embeddings = model.embeddings
         self.blocks: Any = blocks
         self.layers = tuple(sorted(layers))
-        self.cls_attention = cls_attention
         self.depth = len(blocks) if cls_attention else max(self.layers)
+        self.cls_row: ClsAttention | None = None
         if cls_attention:
-            attention = blocks[-1].attention.self
-            self.n_heads = int(attention.num_attention_heads)
-            self.d_head = int(attention.attention_head_size)
+            _, query, key = find_query_key(blocks[-1])
+            self.cls_row = ClsAttention(query, key, int(model.config.num_attention_heads))
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
                 ) -> tuple[torch.Tensor, ...]:
         h = self.embeddings(input_ids=input_ids, token_type_ids=torch.zeros_like(input_ids))
-        keep = attention_mask[:, None, None, :].bool()  # (B, 1, 1, T)
-        additive = torch.zeros(keep.shape, dtype=h.dtype).masked_fill(
-            ~keep, torch.finfo(h.dtype).min)
+        keep = attention_mask.bool()  # (B, T)
+        padding = ~keep[:, None, None, :]  # (B, 1, 1, T)
+        additive = torch.zeros(padding.shape, dtype=h.dtype).masked_fill(
+            padding, torch.finfo(h.dtype).min)
         outputs = [h] if 0 in self.layers else []
         cls_row = None
         for i in range(self.depth):
-            if self.cls_attention and i == len(self.blocks) - 1:
-                cls_row = self._cls_row(h, additive)
+            if self.cls_row is not None and i == len(self.blocks) - 1:
+                cls_row = self.cls_row(h, keep)  # (B, T), from the last block's input
             h = self.blocks[i](h, additive)  # BertLayer(hidden, 4-D additive mask)
             if i + 1 in self.layers:
                 outputs.append(h)
         if cls_row is not None:
             outputs.append(cls_row)
         return tuple(outputs)
-
-    def _cls_row(self, h: torch.Tensor, additive: torch.Tensor) -> torch.Tensor:
-        """(B, T): the last block's attention of query 0, from that block's input."""
-        attention = self.blocks[-1].attention.self
-        b, t, _ = h.shape
-        q = attention.query(h[:, :1]).view(b, 1, self.n_heads, self.d_head).transpose(1, 2)
-        k = attention.key(h).view(b, t, self.n_heads, self.d_head).transpose(1, 2)
-        scores = q @ k.transpose(-1, -2) * self.d_head ** -0.5 + additive  # (B, nh, 1, T)
-        return torch.softmax(scores, dim=-1).mean(dim=1)[:, 0]
 
 
 def output_names(layers: Sequence[int], cls_attention: bool) -> list[str]:
@@ -265,7 +259,8 @@ def cached_export(key: dict[str, Any], export_to: Callable[[Path], None],
 # ---- running --------------------------------------------------------------------------
 
 class OpenVINOForward:
-    """A compiled model and one infer request: (ids, mask) -> (states, cls_attention)."""
+    """A compiled model and one infer request: (ids, mask) -> (states, [CLS] attention
+    row), see `encode.Forward`."""
 
     def __init__(self, entry: Path, layers: Sequence[int], cls_attention: bool,
                  precision: str, threads: int):
@@ -289,49 +284,21 @@ class OpenVINOForward:
         hint = self.compiled.get_property("INFERENCE_PRECISION_HINT")
         return PRECISIONS.get(hint.get_type_name(), str(hint))
 
-    def __call__(self, ids: np.ndarray, mask: np.ndarray
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor
                  ) -> tuple[dict[int, torch.Tensor], torch.Tensor | None]:
-        # share_outputs=False: OpenVINO reuses its output buffers on the next infer
-        results = self.request.infer({"input_ids": ids, "attention_mask": mask},
-                                     share_inputs=True, share_outputs=False)
+        # (B, T) int64 CPU tensors, read in place. share_outputs=False: OpenVINO reuses
+        # its output buffers on the next infer
+        inputs: dict[str, np.ndarray] = {"input_ids": ids.numpy(),
+                                         "attention_mask": mask.numpy()}
+        results = self.request.infer(inputs, share_inputs=True, share_outputs=False)
         outputs = [torch.from_numpy(results[i]) for i in range(len(results))]
         states = dict(zip(self.layers, outputs, strict=False))  # {layer: (B, T, H) float32}
         return states, outputs[-1] if self.cls_attention else None
 
 
-class OpenVINOEncoder(Encoder):
-    """The torch Encoder's batching and views, with the forward pass run by OpenVINO.
-
-    Not the base __init__: that prepares the torch [CLS]-attention hook on the module's
-    blocks, and here the graph computes that row (and the module may hold no weights)."""
-
-    def __init__(self, model: LoadedModel, views: Sequence[ResolvedView], needs: ForwardNeeds,
-                 forward: OpenVINOForward):
-        self.model = model
-        self.views = list(views)
-        self.needs = needs
-        self.pad_id = int(model.tokenizer.pad_token_id or 0)
-        self._cls_attention = None
-        self.forward = forward
-
-    def encode_batch(self, sequences: Sequence[Sequence[int]],
-                     keep: Sequence[tuple[int, int]] | None = None) -> dict[str, np.ndarray]:
-        if keep is not None:  # never: `load_encoder` keeps token views on torch
-            raise ModelError("model.runtime: token views run on torch")
-        ids, mask = self._pad(sequences)  # (B, T) int64 on the CPU
-        states, cls_attention = self.forward(ids.numpy(), mask.numpy())
-        bool_mask = mask.bool()
-        ctx = PoolContext(cls_attention=cls_attention,
-                          pooler=self.model.pooler if self.needs.pooler else None)
-        with torch.inference_mode():
-            return {v.name: v.compute(states, bool_mask, ctx).float().numpy()
-                    for v in self.views}
-
-
-def openvino_encoder(spec: ModelSpec, config: Any, views: Sequence[ResolvedView],
-                     needs: ForwardNeeds, precision: str
-                     ) -> tuple[LoadedModel, OpenVINOEncoder]:
-    """The model's facts and an Encoder running the job's graph, exported if not cached.
+def openvino_forward(spec: ModelSpec, config: Any, needs: ForwardNeeds, precision: str
+                     ) -> tuple[LoadedModel, OpenVINOForward]:
+    """The model's facts and the job's graph as a forward pass, exported if not cached.
 
     On a cache hit no torch model is built: the graph holds the weights, and the tokenizer
     and pooler come from the checkpoint's files (this skips ~2 CPU-seconds of importing
@@ -360,9 +327,8 @@ def openvino_encoder(spec: ModelSpec, config: Any, views: Sequence[ResolvedView]
 
         entry = cached_export(key, export_to)
         model.module = WEIGHTLESS  # the graph has the weights now: free the torch copy
-    forward = OpenVINOForward(entry, layers, needs.cls_attention, precision,
-                              threads=torch.get_num_threads())
-    return model, OpenVINOEncoder(model, views, needs, forward)
+    return model, OpenVINOForward(entry, layers, needs.cls_attention, precision,
+                                  threads=torch.get_num_threads())
 
 
 # Stands in for the torch module once the graph holds the weights (nothing calls it).
