@@ -232,6 +232,7 @@ return result;
 """
 
 
+@pytest.mark.slow  # end to end (real processes, servers or a browser): not in make test-fast
 def test_page_works_in_headless_chromium(job: Path, tmp_path: Path) -> None:
     out = tmp_path / "att"
     assert run("attention", str(job), "--id", "r0", "--out", str(out)).exit_code == 0

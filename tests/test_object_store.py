@@ -402,6 +402,7 @@ def test_wrong_credential_is_one_line_and_nothing_is_written(
         assert [o["Key"] for o in listed] == ["in/reviews.parquet"]
 
 
+@pytest.mark.slow  # end to end (real processes, servers or a browser): not in make test-fast
 def test_unreachable_endpoint_is_one_line_exit_8(tmp_path: Path, tiny_bert: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import time
@@ -555,6 +556,7 @@ def assert_same_arrays(got: Any, want: Any) -> None:
             assert a.tolist() == b.tolist(), name
 
 
+@pytest.mark.slow  # end to end (real processes, servers or a browser): not in make test-fast
 @pytest.mark.parametrize("fmt", ["zarr", "parquet"])
 def test_store_on_s3_is_identical_to_the_local_store(e2e: dict[str, str], fmt: str) -> None:
     import pipeline
@@ -577,6 +579,7 @@ def test_store_on_s3_is_identical_to_the_local_store(e2e: dict[str, str], fmt: s
                    else {"docs", "chunks", "post"})
 
 
+@pytest.mark.slow  # end to end (real processes, servers or a browser): not in make test-fast
 @pytest.mark.parametrize("fmt", ["zarr", "parquet"])
 def test_commands_on_a_store_on_s3(e2e: dict[str, str], fmt: str, tmp_path: Path) -> None:
     store = e2e[f"{fmt}-s3"]
@@ -609,6 +612,7 @@ def test_commands_on_a_store_on_s3(e2e: dict[str, str], fmt: str, tmp_path: Path
     storefs.resolve(f"{store}/{victim}").write_bytes(data)
 
 
+@pytest.mark.slow  # end to end (real processes, servers or a browser): not in make test-fast
 def test_readers_of_the_zarr_store_on_s3(e2e: dict[str, str], s3_endpoint: str) -> None:
     """What docs/cluster.md shows: xarray straight from S3, credentials from the environment
     or given as storage options."""
@@ -629,6 +633,7 @@ def test_readers_of_the_zarr_store_on_s3(e2e: dict[str, str], s3_endpoint: str) 
     np.testing.assert_array_equal(again.vectors("cls"), pipeline.open_store(store).vectors("cls"))
 
 
+@pytest.mark.slow  # end to end (real processes, servers or a browser): not in make test-fast
 def test_the_readers_snippet_of_the_docs_runs(e2e: dict[str, str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """docs/cluster.md's snippet as written, its bucket swapped for the test's."""
@@ -647,6 +652,7 @@ def test_the_readers_snippet_of_the_docs_runs(e2e: dict[str, str],
     assert namespace["docs"].sizes["id"] == 96
 
 
+@pytest.mark.slow  # end to end (real processes, servers or a browser): not in make test-fast
 def test_duckdb_and_polars_read_the_parquet_store_on_s3(e2e: dict[str, str],
                                                          s3_endpoint: str) -> None:
     import duckdb
@@ -713,6 +719,7 @@ def bertpipe(*args: str | Path, cwd: Path, env: dict[str, str] | None = None,
                           env={**os.environ, **(env or {})}, timeout=timeout)
 
 
+@pytest.mark.slow  # end to end (real processes, servers or a browser): not in make test-fast
 @pytest.mark.parametrize("fmt", ["zarr", "parquet"])
 def test_secrets_are_never_written(sample: tuple[str, Path], tiny_bert: Path, tmp_path: Path,
                                    fmt: str) -> None:
@@ -752,6 +759,7 @@ def test_secrets_are_never_written(sample: tuple[str, Path], tiny_bert: Path, tm
 # ---- a killed client, a concurrent run ----------------------------------------------------
 
 
+@pytest.mark.slow  # end to end (real processes, servers or a browser): not in make test-fast
 def test_killed_client_resumes_to_an_identical_store(
         s3: str, tiny_bert: Path, tmp_path: Path) -> None:
     """SIGKILL mid-run: nothing reads as complete; a second run meanwhile is refused; the
@@ -900,6 +908,7 @@ def test_cluster_workers_in_their_own_folders_read_and_write_s3(
 # ---- writing overlaps encoding ------------------------------------------------------------
 
 
+@pytest.mark.slow  # end to end (real processes, servers or a browser): not in make test-fast
 @pytest.mark.parametrize("scheduler", ["synchronous", "local"])
 def test_a_partition_is_written_while_the_next_one_encodes(
         tiny_bert: Path, small_texts: Path, tmp_path: Path, scheduler: str,

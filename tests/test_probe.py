@@ -267,6 +267,7 @@ return [...document.images].map((img) => {
 """
 
 
+@pytest.mark.slow  # end to end (real processes, servers or a browser): not in make test-fast
 @pytest.mark.parametrize("width", [1280, 1920])
 def test_probe_page_fits_the_window_in_headless_chromium(store: pipeline.Store, tmp_path: Path,
                                                          width: int) -> None:
