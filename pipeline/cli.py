@@ -52,6 +52,11 @@ class OneLineGroup(click.Group):
     """Click's own usage errors (a bad option value, a missing argument) as one line
     `error: <message>` with exit 2, like every other error (click prints four lines)."""
 
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        """Every command takes -q/-v after its name too, last in its --help."""
+        cmd.params.extend(verbosity_options())
+        super().add_command(cmd, name)
+
     def main(self, args: Any = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
              **extra: Any) -> Any:
@@ -128,12 +133,12 @@ def _verbose_after(ctx: click.Context, param: click.Parameter, value: bool) -> N
         logging.getLogger().setLevel(logging.INFO)
 
 
-def verbosity(fn: F) -> F:
+def verbosity_options() -> list[click.Option]:
     """-q/-v after the command too (`bertpipe extract -q job.yaml`), as before it."""
-    fn = click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=_quiet_after,
-                      help="As bertpipe -q: no progress lines.")(fn)
-    return click.option("-v", "--verbose", is_flag=True, expose_value=False,
-                        callback=_verbose_after, help="As bertpipe -v: log details.")(fn)
+    return [click.Option(["-q", "--quiet"], is_flag=True, expose_value=False,
+                         callback=_quiet_after, help="As bertpipe -q: no progress lines."),
+            click.Option(["-v", "--verbose"], is_flag=True, expose_value=False,
+                         callback=_verbose_after, help="As bertpipe -v: log details.")]
 
 
 def _quiet() -> bool:
@@ -149,7 +154,6 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALU
 @set_option
 @click.option("--schema-only", is_flag=True, help="Check the file alone: skip the model "
               "config and the input's Parquet metadata (e.g. where they are not mounted).")
-@verbosity  # last in --help: the command's own options first
 @_user_errors
 def validate(job_file: str, overrides: tuple[str, ...], schema_only: bool) -> None:
     """Check a job without running it: the file, the model's config and tokenizer (no
@@ -197,7 +201,6 @@ def _checked_before_writing(job: Any, job_file: str) -> Any:
               "rows with new ids or changed texts (as output.incremental: true).")
 @click.option("--prune", is_flag=True, help="With --incremental: remove rows whose ids are "
               "gone from the input (by default they are kept, present=false).")
-@verbosity
 @_user_errors
 def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
             scheduler: str | None, dry_run: bool, summary_file: str | None,
@@ -256,13 +259,14 @@ def _extract(job_file: str, overrides: tuple[str, ...], overwrite: bool, schedul
         raise click.BadParameter("only with --incremental (or output.incremental: true)",
                                  param_hint="'--prune'")
     if dry_run:
-        plan = _checked_before_writing(job, job_file)
-        click.echo(plan.describe())
-        if not job.output.incremental:  # an incremental run has its own rules (run/incremental)
-            from .run.checks import output_action
+        from .run.checks import check_output_where, output_action
+        from .run.context import RunContext
 
-            action = output_action(job, overwrite)
-            click.echo(f"would      {DRY_RUN_ACTIONS[action]}")
+        ctx = RunContext.of(job)  # what the run computes first, as the run computes it
+        check_output_where(job, job_file)
+        click.echo(ctx.plan.describe())
+        if not job.output.incremental:  # an incremental run has its own rules (run/incremental)
+            click.echo(f"would      {DRY_RUN_ACTIONS[output_action(ctx, overwrite)]}")
         click.echo("dry run: nothing was created or written")
         return
     from .run.progress import Progress
@@ -301,7 +305,6 @@ def _terminate_as_exit() -> Iterator[None]:
 
 @main.command()
 @click.argument("store_path", type=click.Path())
-@verbosity
 @_user_errors
 def unlock(store_path: str) -> None:
     """Remove a stale lock left by a run that died (never the lock of a running process).
@@ -343,7 +346,6 @@ def unlock(store_path: str) -> None:
               help="Another store whose vocabulary fit is shown side by side.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text "
               "(schemas/inspect.schema.json).")
-@verbosity
 @_user_errors
 def inspect(store_path: str, geometry: bool, sample: int, other_path: str | None,
             as_json: bool) -> None:
@@ -377,7 +379,6 @@ def inspect(store_path: str, geometry: bool, sample: int, other_path: str | None
 
 @main.command()
 @click.argument("store_path", type=click.Path())
-@verbosity
 @_user_errors
 def verify(store_path: str) -> None:
     """Check a store: checksums, rows, views.
@@ -408,7 +409,6 @@ def verify(store_path: str) -> None:
 @click.option("--normalize", is_flag=True, help="L2-normalise after the transform.")
 @click.option("--name", default=None, help="Name of the new view (default VIEW_METHOD): "
               "letters, digits and _, not a name the store already has.")
-@verbosity
 @_user_errors
 def postprocess(store_path: str, view: str, method: str, dims: int | None, top: int | None,
                 normalize: bool, name: str | None) -> None:
@@ -441,7 +441,6 @@ def postprocess(store_path: str, view: str, method: str, dims: int | None, top: 
 @click.option("--chunks", "level", flag_value="chunks", default="docs",
               help="Search chunk vectors instead of documents.")
 @click.option("--exact", is_flag=True, help="Scan the store even when an index exists.")
-@verbosity
 @_user_errors
 def search(store_path: str, query: tuple[str, ...], view: str | None, k: int,
            level: str, exact: bool) -> None:
@@ -493,7 +492,6 @@ def search(store_path: str, query: tuple[str, ...], view: str | None, k: int,
               help="--learning-curve: these sizes instead of 50, 100, 200, ...")
 @click.option("--curve-repeats", default=3, show_default=True,
               help="--learning-curve: subsamples (seeds) per fold and size.")
-@verbosity
 @_user_errors
 def probe(store_path: str, label: str, labels_file: str | None, label_column: str | None,
           id_column: str, view_names: str | None, layers: bool, scalar_mix: str | None,
@@ -552,7 +550,6 @@ def _int_list(text: str, option: str) -> list[int]:
               help="Index chunk vectors instead of documents.")
 @click.option("--nprobe", default=16, show_default=True, type=click.IntRange(min=1),
               help="Lists scanned per query.")
-@verbosity
 @_user_errors
 def index(store_path: str, view: str, level: str, nprobe: int) -> None:
     """Build an approximate nearest-neighbour index (FAISS) beside the store.
@@ -586,7 +583,6 @@ def index(store_path: str, view: str, level: str, nprobe: int) -> None:
               "--summary.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for attention.html + attention.npz (or the summary's files).")
-@verbosity
 @_user_errors
 def attention(job_file: str, overrides: tuple[str, ...], row_id: str | None, chunk: int,
               layers: str | None, heads: str | None, summary: bool, sample: int, seed: int,

@@ -17,10 +17,8 @@ from typing import Any
 from ..errors import JobError, StoreError
 from ..extract.source import Partition
 from ..io.location import (
-    check_reachable,
     disk_full_errors,
     register_options,
-    resolve,
     storage_errors,
 )
 from ..post.apply import fit_view
@@ -28,10 +26,11 @@ from ..spec import Job, check_incremental
 from ..stores import Layout, Staging, format_named
 from ..stores.markers import MarkerTotals
 from ..stores.provenance import InputFile, RunRecord
+from .checks import check_output_where
 from .context import PartitionWork, RunContext, run_fingerprint, run_partitions
 from .executors import Executor, InProcessExecutor, OnDone, executor_for
 from .incremental import run_incremental
-from .output import OutputSession, Plan, assess, check_output_location
+from .output import OutputSession, Plan, assess
 from .record import OnPlan, RunSummary, build_provenance, run_record
 
 log = logging.getLogger(__name__)
@@ -80,7 +79,7 @@ def _run_job(job: Job, executor: Executor | None, on_done: OnDone | None, overwr
     # everything checkable is checked before the store is touched (nothing is created on
     # a job that cannot work), once for either kind of run
     ctx = RunContext.of(job)
-    check_output_location(job, job_file)
+    check_output_where(job, job_file)  # as validate checks it
     if job.output.incremental:
         updated = run_incremental(ctx, executor, on_done, on_plan, prune, say, summary)
         if updated is not None:
@@ -94,8 +93,6 @@ def full_run(ctx: RunContext, executor: Executor | None, on_done: OnDone | None 
              ) -> RunSummary:
     """A run over the whole input into a new, replaced or resumed store."""
     job, parts = ctx.job, ctx.parts
-    # a wrong credential or an unreachable endpoint fails here, before anything is made
-    check_reachable(resolve(job.output.path), "output.path", StoreError)
     plan = Plan(ctx.fingerprint, ctx.identity, job.execution.partition_rows)
     overwrite = overwrite or job.output.overwrite
     output = OutputSession(job.output.path, ctx.fingerprint, say)
