@@ -298,7 +298,8 @@ def test_failed_partition_and_failed_switch_leave_the_previous_version(
     class FailsThird(InProcessExecutor):
         def run(self, job, parts, staging, fingerprint, on_done):  # type: ignore[no-untyped-def]
             failures = super().run(job, parts[:2], staging, fingerprint, on_done)
-            return failures + [(part, "RuntimeError: out of memory") for part in parts[2:]]
+            return failures + [(part, PartitionError("RuntimeError: out of memory"))
+                               for part in parts[2:]]
 
     with pytest.raises(PartitionError, match="store is unchanged \\(version 0\\)"):
         run_job(job, executor=FailsThird(), incremental=True)

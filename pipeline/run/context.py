@@ -124,7 +124,7 @@ def _failed(work: PartitionWork, failures: Failures, first: str) -> BertpipeErro
     input's (exit 3) when part of the input cannot be read, since a rerun would fail alike
     until the file is replaced; else a PartitionError (exit 6: worth a rerun)."""
     total = len(work.parts)
-    unreadable = [reason for _, reason in failures if getattr(reason, "unreadable_input", False)]
+    unreadable = [error for _, error in failures if isinstance(error, UnreadableInputError)]
     if unreadable:
         return UnreadableInputError(
             f"{unreadable[0]}; {len(failures)} of {total} {work.label} failed, the others are "

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from ..errors import BertpipeError, JobError, UnreadableInputError
+from ..errors import BertpipeError, JobError, PartitionError
 from ..extract.partition import Extractor
 from ..extract.source import Partition
 from ..io.location import scrub
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 # on_batch(partition, batches done, batches planned) after each forward pass: progress only.
 OnBatch = Callable[[Partition, int, int], None]
 OnDone = Callable[[Partition, PartitionMarker], None]
-Failures = list[tuple[Partition, str]]
+Failures = list[tuple[Partition, BertpipeError]]
 
 
 class Executor(Protocol):
@@ -87,21 +87,14 @@ def stage_partition(staging: Staging, encoded: Encoded) -> PartitionMarker:
     return staging.write_part(encoded.marker, encoded.tables)
 
 
-class Reason(str):
-    """A failed partition's one line; `unreadable_input` when the input's own bytes could
-    not be read (a damaged page), which a rerun cannot cure."""
-
-    unreadable_input = False
-
-
-def failure_reason(exc: BaseException) -> Reason:
-    """One line for a failed partition, the same whichever executor ran it."""
+def failure_reason(exc: BaseException) -> BertpipeError:
+    """A failed partition's error, the same whichever executor ran it: a domain error keeps
+    its class (so the run can tell an unreadable input from a reason to retry), anything
+    else becomes a PartitionError of one line; secrets scrubbed from both."""
     if isinstance(exc, BertpipeError):
-        reason = Reason(scrub(str(exc)))
-        reason.unreadable_input = isinstance(exc, UnreadableInputError)
-        return reason
+        return type(exc)(scrub(str(exc)))
     first = scrub((str(exc).strip().splitlines() or [""])[0])
-    return Reason(f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
+    return PartitionError(f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
 
 
 class InProcessExecutor:
