@@ -32,7 +32,7 @@ from click.testing import CliRunner, Result
 import pipeline
 from pipeline.cli import main
 from pipeline.run import runner
-from pipeline.stores.lock import LOCK_NAME, TAKEOVER_PREFIX
+from pipeline.stores.lock import LOCK_NAME, REFRESH_ENV, TAKEOVER_PREFIX
 from tests.conftest import job_dict, write_job
 
 pytestmark = pytest.mark.table  # hundreds of CLI runs: make test, not make test-fast
@@ -283,6 +283,16 @@ def fresh_lock_of_another_host(w: World) -> list[Any]:
     return ["extract", job]
 
 
+def lock_refresh_not_a_number(w: World) -> list[Any]:
+    w.monkeypatch.setenv(REFRESH_ENV, "soon")
+    return ["extract", w.job(w.tmp / "o.zarr")]
+
+
+def lock_refresh_zero(w: World) -> list[Any]:
+    w.monkeypatch.setenv(REFRESH_ENV, "0")
+    return ["extract", w.job(w.tmp / "o.zarr")]
+
+
 def unreadable_lock(w: World) -> list[Any]:
     job = w.job(w.tmp / "o.zarr")
     (w.tmp / "o.zarr").mkdir()
@@ -374,6 +384,9 @@ TABLE = [
     Row(live_lock, 5, "is being written by another run (host"),
     Row(dead_lock_being_taken_over, 5, "is being taken over by another run (the lock of host"),
     Row(fresh_lock_of_another_host, 5, "is being written by another run (host elsewhere, pid 1"),
+    Row(lock_refresh_not_a_number, 2, "BERTPIPE_LOCK_REFRESH_S: 'soon' is not a positive "
+        "number of seconds"),
+    Row(lock_refresh_zero, 2, "BERTPIPE_LOCK_REFRESH_S: '0' is not a positive number"),
     Row(unreadable_lock, 5, "is locked, but the lock file is unreadable; if no run is writing "
         "to it, clear the lock with `bertpipe unlock"),
     Row(unlock_live, 5, "still running on this host"),
@@ -666,6 +679,8 @@ def test_a_holder_taken_over_while_paused_writes_and_removes_nothing(
         first.confirm("replace the store")
     with pytest.raises(LockLostError, match="will not write partition 0"):
         staging.write_tables(0, {})
+    with pytest.raises(LockLostError, match="will not commit partition 0"):  # the commit's
+        next(Staging(tmp_path, fence=first.fence()).read_parts("docs", [0]))  # loop too
     assert not list(tmp_path.glob("_bertpipe/parts/*"))
     first.release()
     assert (second.holder() or {}).get("token") == second.token

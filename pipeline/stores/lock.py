@@ -40,6 +40,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -51,7 +52,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import StoreError
+from ..errors import OptionError, StoreError
 from ..io.location import Location, resolve
 
 log = logging.getLogger(__name__)
@@ -74,13 +75,19 @@ LEGACY_REFRESH_S = 60.0
 
 
 def refresh_interval() -> float:
-    """This process's refresh interval (the environment's, else the default)."""
-    raw = os.environ.get(REFRESH_ENV)
+    """This process's refresh interval: the environment's, else the default; a value that
+    is not a positive number of seconds is refused (never silently replaced)."""
+    raw = os.environ.get(REFRESH_ENV, "").strip()
+    if not raw:
+        return DEFAULT_REFRESH_S
     try:
-        value = float(raw) if raw else DEFAULT_REFRESH_S
+        value = float(raw)
     except ValueError:
-        value = DEFAULT_REFRESH_S
-    return value if value > 0 else DEFAULT_REFRESH_S
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise OptionError(f"{REFRESH_ENV}: {raw!r} is not a positive number of seconds "
+                          f"(the lock's refresh interval; unset it for {DEFAULT_REFRESH_S:g})")
+    return value
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,7 @@ class StoreLock:
                  say: Callable[[str], None] = log.warning):
         self.store = store_path if isinstance(store_path, Location) else resolve(store_path)
         self.file = self.store.child(LOCK_NAME)
+        self.refresh_s = refresh_interval()  # read now: a bad value refuses before any write
         self.token: str | None = None  # set while this object holds the lock
         self.took_over: str = ""  # whose lock this run took over, and why ("" if none)
         self.lost = False  # set by the refresher when another run took the lock over
@@ -142,7 +150,7 @@ class StoreLock:
         return {"host": socket.gethostname(), "pid": os.getpid(),
                 "process_start": _process_start(os.getpid()),
                 "started": datetime.now(UTC).isoformat(timespec="seconds"),
-                "started_unix": now, "refreshed_unix": now, "refresh_s": refresh_interval(),
+                "started_unix": now, "refreshed_unix": now, "refresh_s": self.refresh_s,
                 "fingerprint": fingerprint, "token": uuid.uuid4().hex, "generation": 1}
 
     def _hold(self, record: dict[str, Any]) -> None:
