@@ -25,7 +25,8 @@ def synthetic_store(path: Path, rows: int, dim: int = 384, seed: int = 0) -> Pat
     """Clustered random vectors (so neighbours exist), committed part by part."""
     import pipeline
     from pipeline.extract.partition import vector_array
-    from pipeline.stores import Layout, Staging, format_named
+    from pipeline.stores import Layout, Staging, store_at
+    from pipeline.stores.provenance import Provenance
 
     if path.exists():
         try:
@@ -61,8 +62,10 @@ def synthetic_store(path: Path, rows: int, dim: int = 384, seed: int = 0) -> Pat
                   "model": {"path": "synthetic/none", "weights_sha256": {}, "config": {}},
                   "versions": {}, "device": ["cpu"], "dtype": ["float32"],
                   "created": "2026-01-01T00:00:00+00:00", "stats": {}}
-    format_named("zarr").create(str(path), {"complete": False})
-    format_named("zarr").commit(str(path), staging, Layout(indices, rows, 0, False), provenance)
+    fmt = store_at(str(path), "zarr")
+    fmt.create({"complete": False})
+    fmt.commit(staging, Layout(indices, rows, 0, False),
+               Provenance.from_dict(provenance, str(path)))
     staging.remove()
     return path
 

@@ -18,7 +18,8 @@ import yaml
 
 import pipeline
 from pipeline.extract.partition import vector_array
-from pipeline.stores import Layout, Staging, format_named
+from pipeline.stores import Layout, Staging, store_at
+from pipeline.stores.provenance import Provenance
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -113,19 +114,26 @@ def store_schema_check(request: pytest.FixtureRequest,
     if request.node.get_closest_marker("no_store_schema"):
         yield
         return
-    from pipeline.stores import FORMATS
+    from pipeline.stores.base import StoreFormat
 
-    for fmt in FORMATS.values():
-        original = type(fmt).update_provenance
+    def check(fmt: StoreFormat) -> None:
+        raw = fmt.reread()  # as stored, read back
+        if raw and raw.get("complete"):
+            errors = store_schema_errors(raw)
+            assert not errors, f"{fmt.path}: provenance breaks store.schema.json: {errors}"
 
-        def checked(self: Any, path: str, provenance: dict[str, Any],
-                    _original: Any = original) -> None:
-            _original(self, path, provenance)
-            if provenance.get("complete"):
-                errors = store_schema_errors(self.read_provenance(path))
-                assert not errors, f"{path}: provenance breaks store.schema.json: {errors}"
+    def written(self: StoreFormat, raw: dict[str, Any],
+                _original: Any = StoreFormat.write_record) -> None:
+        _original(self, raw)
+        check(self)
 
-        monkeypatch.setattr(type(fmt), "update_provenance", checked)
+    def published(self: StoreFormat, version: int, provenance: Any,
+                  _original: Any = StoreFormat.publish) -> None:
+        _original(self, version, provenance)
+        check(self)
+
+    monkeypatch.setattr(StoreFormat, "write_record", written)
+    monkeypatch.setattr(StoreFormat, "publish", published)
     yield
 
 
@@ -280,8 +288,9 @@ def synthetic_store(path: Path, informative_layer: int = 2, seed: int = 0,
     staging = Staging(path)
     staging.begin({"run_fingerprint": "x"})
     staging.write_tables(0, {"docs": pa.table(columns)})
-    format_named("zarr").create(str(path), {"complete": False})
-    format_named("zarr").commit(str(path), staging, Layout([0], n, 0, False), provenance)
+    fmt = store_at(str(path), "zarr")
+    fmt.create({"complete": False})
+    fmt.commit(staging, Layout([0], n, 0, False), Provenance.from_dict(provenance, str(path)))
     return pipeline.open_store(path)
 
 

@@ -28,7 +28,7 @@ from pipeline.cli import main
 from pipeline.errors import BertpipeError, StoreError
 from pipeline.run.runner import run_job
 from pipeline.spec import Job
-from pipeline.stores import format_named
+from pipeline.stores import detect_format
 from pipeline.stores.zarr_store import ZarrFormat
 from tests.conftest import REPO, job_dict, store_schema_errors, write_table
 
@@ -104,9 +104,9 @@ def _parquet_page(file: Path, column: str) -> int:
 
 
 def _newer_format(store: Path) -> None:
-    fmt = format_named("zarr" if (store / "zarr.json").exists() else "parquet")
-    raw = fmt.read_provenance(str(store)) or {}
-    fmt.update_provenance(str(store), {**raw, "format_version": 2})
+    fmt = detect_format(str(store))
+    raw = fmt.reread() or {}
+    fmt.write_record({**raw, "format_version": 2})
 
 
 DAMAGE: dict[str, Callable[[Path], None]] = {
@@ -281,7 +281,7 @@ def test_fresh_store_verifies_ok(store: Path) -> None:
     fmt = "zarr" if store.suffix == ".zarr" else "parquet"
     assert output.strip().startswith(f"{store}: OK ({fmt}; 10 rows, 10 chunks, 2 views; ")
     assert len(output.strip().splitlines()) == 1
-    provenance = format_named(fmt).read_provenance(str(store)) or {}
+    provenance = detect_format(str(store)).record() or {}
     assert store_schema_errors(provenance) == []
 
 
@@ -326,14 +326,14 @@ def test_postprocess_records_its_files_and_still_verifies(store: Path) -> None:
 @pytest.mark.parametrize("store", ["parquet"], indirect=True)
 def test_parquet_provenance_update_rewrites_only_the_footer(store: Path) -> None:
     file = store / "docs/part-0.parquet"
-    fmt = format_named("parquet")
-    raw = fmt.read_provenance(str(store)) or {}
+    fmt = detect_format(str(store))
+    raw = fmt.reread() or {}
     data_before = file.read_bytes()[: raw["checksums"]["docs/part-0.parquet"]["size"]]
     table_before = pq.read_table(file)
-    fmt.update_provenance(str(store), {**raw, "created": "2030-01-01T00:00:00+00:00"})
+    fmt.write_record({**raw, "created": "2030-01-01T00:00:00+00:00"})
     assert file.read_bytes()[: len(data_before)] == data_before
     assert pq.read_table(file).equals(table_before)
-    assert fmt.read_provenance(str(store))["created"].startswith("2030")  # type: ignore[index]
+    assert fmt.reread()["created"].startswith("2030")  # type: ignore[index]
     assert run_command("verify", store, isolated=False)[0] == 0
 
 
@@ -372,7 +372,7 @@ def _strip_checksums(store: Path) -> None:
     del meta["attributes"]["bertpipe"]["checksums"]
     # the consolidated copy lives in the same file: only the root attributes change
     (store / "zarr.json").write_text(json.dumps(meta))
-    assert ZarrFormat().read_provenance(str(store)).get("checksums") is None  # type: ignore[union-attr]
+    assert ZarrFormat(str(store)).record().get("checksums") is None  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("store", ["zarr"], indirect=True)
@@ -386,9 +386,9 @@ def test_verify_names_an_array_the_provenance_does_not_record(store: Path) -> No
 
 @pytest.mark.parametrize("store", ["zarr", "parquet"], indirect=True)
 def test_verify_checks_rows_against_the_provenance(store: Path) -> None:
-    fmt = format_named("zarr" if store.suffix == ".zarr" else "parquet")
-    raw = fmt.read_provenance(str(store)) or {}
-    fmt.update_provenance(str(store), {**raw, "stats": {**raw["stats"], "rows": 11}})
+    fmt = detect_format(str(store))
+    raw = fmt.reread() or {}
+    fmt.write_record({**raw, "stats": {**raw["stats"], "rows": 11}})
     code, output = run_command("verify", store, isolated=False)
     assert code == 5, output
     name = "docs/mean" if store.suffix == ".zarr" else "docs/part-0.parquet"
@@ -397,9 +397,9 @@ def test_verify_checks_rows_against_the_provenance(store: Path) -> None:
 
 @pytest.mark.parametrize("store", ["zarr", "parquet"], indirect=True)
 def test_verify_refuses_an_incomplete_store(store: Path) -> None:
-    fmt = format_named("zarr" if store.suffix == ".zarr" else "parquet")
-    raw = fmt.read_provenance(str(store)) or {}
-    fmt.update_provenance(str(store), {**raw, "complete": False})
+    fmt = detect_format(str(store))
+    raw = fmt.reread() or {}
+    fmt.write_record({**raw, "complete": False})
     code, output = run_command("verify", store, isolated=False)
     assert code == 5 and "incomplete" in output, output
 

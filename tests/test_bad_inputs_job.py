@@ -157,9 +157,9 @@ def _pickle_model(w: World) -> Path:
 def _staged_only(w: World) -> None:
     """open_store(require_complete=False) on a store whose run never committed: what a
     run leaves when it is stopped before its commit."""
-    from pipeline.stores import Staging, format_named
+    from pipeline.stores import Staging, store_at
 
-    format_named("zarr").create(str(w.out), {"complete": False, "run_fingerprint": "f" * 64})
+    store_at(str(w.out), "zarr").create({"complete": False, "run_fingerprint": "f" * 64})
     Staging(w.out).begin({"run_fingerprint": "f" * 64})
     pipeline.open_store(w.out, require_complete=False)
 

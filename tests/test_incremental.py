@@ -305,10 +305,10 @@ def test_failed_partition_and_failed_switch_leave_the_previous_version(
         run_job(job, executor=FailsThird(), incremental=True)
     _assert_snapshot(job.output.path, before)
 
-    def killed(self, path, version, provenance):  # type: ignore[no-untyped-def]
+    def killed(self, version, provenance):  # type: ignore[no-untyped-def]
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(type(pipeline.stores.format_named(fmt)), "publish", killed)
+    monkeypatch.setattr(pipeline.stores.format_named(fmt), "publish", killed)
     with pytest.raises(KeyboardInterrupt):
         run_job(job, incremental=True)
     written = (Path(job.output.path) / "versions" / "1" if fmt == "zarr" else
@@ -489,8 +489,8 @@ def test_store_without_digests_is_refused(tmp_path: Path, tiny_bert: Path) -> No
     # as an older bertpipe wrote it: no text digests (checksums sealed again without them)
     root = zarr.open_group(job.output.path, mode="a", use_consolidated=False)
     del root["docs"]["text_sha256"]
-    fmt = pipeline.stores.format_named("zarr")
-    fmt.update_provenance(job.output.path, fmt.read_provenance(job.output.path) or {})
+    fmt = pipeline.stores.detect_format(job.output.path)
+    fmt.write_record(fmt.record() or {})
     pq.write_table(_reviews().slice(0, 12), source)
     with pytest.raises(StoreError, match="without text digests.*--overwrite"):
         run_job(job, incremental=True)
@@ -584,6 +584,7 @@ def test_post_processed_views_keep_their_fit(fmt: str, tmp_path: Path, tiny_bert
     run_job(job)
     pipeline.post.apply.postprocess(job.output.path, "mean", PostSpec(method="center"))
     before = pipeline.open_store(job.output.path)
+    before_fit = before.fmt.read_params("mean_center")["mean"]
     pq.write_table(_reviews().slice(0, 36), source)
     assert run_job(job, incremental=True).encoded == 6
     after = pipeline.open_store(job.output.path)
@@ -592,9 +593,8 @@ def test_post_processed_views_keep_their_fit(fmt: str, tmp_path: Path, tiny_bert
         np.testing.assert_array_equal(after.vectors(view)[:30], before.vectors(view))
         np.testing.assert_array_equal(after.vectors(view, "chunks")[: before.chunks.sizes[
             "chunk"]], before.vectors(view, "chunks"))
-    mean_fit = after.fmt.read_params(after.path, "mean_center")["mean"]
-    np.testing.assert_allclose(mean_fit, before.fmt.read_params(before.path,
-                                                                "mean_center")["mean"])
+    mean_fit = after.fmt.read_params("mean_center")["mean"]
+    np.testing.assert_allclose(mean_fit, before_fit)
     np.testing.assert_allclose(after.vectors("mean_center")[30:],
                                after.vectors("mean")[30:] - mean_fit, atol=1e-6)
     # cls was centred in place: the new rows are raw cls minus the first run's mean
@@ -602,7 +602,7 @@ def test_post_processed_views_keep_their_fit(fmt: str, tmp_path: Path, tiny_bert
                        views={"cls": {"pooling": "cls"}})
     run_job(scratch_job)
     raw = pipeline.open_store(scratch_job.output.path).vectors("cls")
-    cls_fit = after.fmt.read_params(after.path, "cls")["mean"]
+    cls_fit = after.fmt.read_params("cls")["mean"]
     np.testing.assert_allclose(after.vectors("cls")[30:], raw[30:] - cls_fit, atol=1e-5)
     # post-processing an updated store writes into its current version
     pipeline.post.apply.postprocess(job.output.path, "mean", PostSpec(method="whiten", dims=4))

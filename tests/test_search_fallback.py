@@ -13,7 +13,8 @@ import pipeline
 from pipeline.analysis import index as index_module
 from pipeline.analysis.search import top_k
 from pipeline.extract.partition import vector_array
-from pipeline.stores import Layout, Staging, format_named
+from pipeline.stores import Layout, Staging, store_at
+from pipeline.stores.provenance import Provenance
 from tests.conftest import synthetic_provenance
 
 N, H = 400, 8
@@ -29,10 +30,10 @@ def _store(path: Path) -> pipeline.Store:
     staging = Staging(path)
     staging.begin({"run_fingerprint": "synthetic"})
     staging.write_tables(0, {"docs": table})
-    fmt = format_named("zarr")
-    fmt.create(str(path), {"complete": False})
-    fmt.commit(str(path), staging, Layout([0], N, 0, False),
-               synthetic_provenance(path, {"v": {"pooling": "mean"}}))
+    fmt = store_at(str(path), "zarr")
+    fmt.create({"complete": False})
+    raw = synthetic_provenance(path, {"v": {"pooling": "mean"}})
+    fmt.commit(staging, Layout([0], N, 0, False), Provenance.from_dict(raw, str(path)))
     return pipeline.open_store(path)
 
 

@@ -211,13 +211,13 @@ def test_opening_a_zarr_store_reads_its_provenance_once(
     job = Job.from_dict(job_dict(source, tiny_bert, tmp_path / "o.zarr"))
     run_job(job)
     reads: list[str] = []
-    original = zarr_store.ZarrFormat.read_provenance
+    original = zarr_store.ZarrFormat._read_record
 
-    def counted(self: Any, path: str) -> Any:
-        reads.append(path)
-        return original(self, path)
+    def counted(self: Any) -> Any:
+        reads.append(self.path)
+        return original(self)
 
-    monkeypatch.setattr(zarr_store.ZarrFormat, "read_provenance", counted)
+    monkeypatch.setattr(zarr_store.ZarrFormat, "_read_record", counted)
     store = pipeline.open_store(tmp_path / "o.zarr")
     assert store.vectors("mean").shape == (3, 32)
     assert len(reads) == 1, reads

@@ -21,15 +21,15 @@ from ..stores.verify import summarize, verify_store
 from .geometry import PostTransform, fit
 
 
-def fit_view(fmt: StoreFormat, path: str, docs: xr.Dataset, has_chunks: bool,
+def fit_view(fmt: StoreFormat, docs: xr.Dataset, has_chunks: bool,
              provenance: Provenance, source: str, target: str, spec: PostSpec) -> Provenance:
     """Fit `spec` on the documents of view `source`, write view `target` at every stored
     level with its parameters; returns the provenance that records it (not yet written)."""
     transform = fit(docs[source].data, spec.method, dims=spec.dims, d=spec.d,
                     normalize=spec.normalize)
     levels = ["docs"] + (["chunks"] if has_chunks else [])
-    fmt.write_params(path, target, _params(transform))
-    fmt.add_view(path, source, target, transform.apply, levels)
+    fmt.write_params(target, _params(transform))
+    fmt.add_view(source, target, transform.apply, levels)
     info = PostInfo(source=source, method=spec.method, dims=spec.dims, d=spec.d,
                     normalize=spec.normalize, width=transform.width,
                     fitted_rows=int((np.asarray(docs["status"].values) == "ok").sum()))
@@ -58,9 +58,9 @@ def postprocess(store_path: str, view: str, spec: PostSpec, name: str | None = N
     except JobError as exc:
         raise OptionError(str(exc)) from None
     _check_sizes(spec, view, int(store.docs[view].shape[1]))
-    provenance = fit_view(store.fmt, store_path, store.docs, store.chunks is not None,
+    provenance = fit_view(store.fmt, store.docs, store.chunks is not None,
                           store.provenance, view, target, spec)
-    store.fmt.update_provenance(store_path, provenance.to_dict())
+    store.fmt.update_provenance(provenance)
     return target
 
 
@@ -79,7 +79,7 @@ def load_transform(store: StoreData, view: str) -> PostTransform | None:
     info = store.provenance.post.get(view)
     if info is None:
         return None
-    params = store.fmt.read_params(store.path, view)
+    params = store.fmt.read_params(view)
     return PostTransform(info.method, params["mean"], params.get("matrix"), info.normalize)
 
 

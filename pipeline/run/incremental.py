@@ -36,7 +36,7 @@ from ..errors import JobError, StoreError
 from ..extract.source import Partition, plan_partitions
 from ..post.apply import load_transform
 from ..spec import InputSpec, Job
-from ..stores import Staging, format_named
+from ..stores import Staging, store_at
 from ..stores.lock import Fence
 from ..stores.markers import MarkerTotals
 from ..stores.opened import StoreData, open_store_data
@@ -106,10 +106,10 @@ def _complete_store(job: Job, say: Callable[[str], None]) -> StoreData | None:
     if contents.state in ("absent", "empty"):
         say(f"{path}: no store yet; running the job in full")
         return None
-    fmt = format_named(contents.format or job.output.format)
+    fmt = store_at(path, contents.format or job.output.format)
     if contents.state == "store":
-        fmt.recover(path)  # an update killed in its switch: finish publishing it
-    if contents.state != "store" or not is_complete(fmt.read_provenance(path)):
+        fmt.recover()  # an update killed in its switch: finish publishing it
+    if contents.state != "store" or not is_complete(fmt.record()):
         return None  # the full run refuses, resumes or replaces it by its own rules
     return open_store_data(path)
 
@@ -195,7 +195,7 @@ def _commit(ctx: RunContext, store: StoreData, changes: Changes, staging: Stagin
     job = ctx.job
     fmt, path, current = store.fmt, store.path, store.provenance
     staging.confirm("commit")
-    fmt.drop_retired(path)  # versions before the current one: their readers had a run's time
+    fmt.drop_retired()  # versions before the current one: their readers had a run's time
     version = current.version + 1
     has_chunks = "chunks" in job.output.levels
     delta = Source.staged(staging, [p.index for p in parts], has_chunks) if parts else None
@@ -209,9 +209,9 @@ def _commit(ctx: RunContext, store: StoreData, changes: Changes, staging: Stagin
     layout, stats = assemble(Assembly(job, changes, Source.of(store.docs, store.chunks), delta,
                                       store.views, derived), assembled, ctx.plan.budget)
     # fitted parameters never change in an update: new rows get the store's transform
-    params = {name: fmt.read_params(path, name) for name in current.post}
+    params = {name: fmt.read_params(name) for name in current.post}
     staging.confirm("write the new version")
-    fmt.write_version(path, version, assembled, layout, params)
+    fmt.write_version(version, assembled, layout, params)
     # the history entry of this run (its wall time up to the switch)
     record = run_record("incremental", version, ctx.started_at, ctx.identity, totals,
                         ctx.elapsed(), took_over_lock, rows=changes.rows, added=changes.added,
@@ -227,6 +227,6 @@ def _commit(ctx: RunContext, store: StoreData, changes: Changes, staging: Stagin
         created=now_iso(), stats=dict(stats), complete=True, input_identity=ctx.identity,
         version=version, history=(*current.history, record))
     staging.confirm("publish the new version")
-    fmt.publish(path, version, provenance.to_dict())
+    fmt.publish(version, provenance)
     staging.remove()
     return provenance

@@ -25,7 +25,7 @@ from ..errors import StoreError
 from ..extract.source import list_files
 from ..io.location import Location, is_url, local_path, normalize_url, resolve
 from ..spec import Job
-from ..stores import Staging, format_named
+from ..stores import Staging, store_at
 from ..stores.lock import StoreLock
 from ..stores.ownership import Contents, inspect_output, remove_store
 from ..stores.provenance import InputFile, fingerprint_of, input_change, input_identity_of
@@ -143,8 +143,7 @@ def assess(job: Job, plan: Plan, overwrite: bool) -> tuple[str, Contents]:
                          f"{contents.describe_foreign()}); {why}choose another output.path")
     if overwrite:
         return "replace", contents
-    fmt = format_named(contents.format or job.output.format)
-    provenance = fmt.read_provenance(str(path)) or {}
+    provenance = store_at(str(path), contents.format or job.output.format).record() or {}
     run = Staging(path).run_info() or {}
     existing = fingerprint_of(provenance) or fingerprint_of(run)
     if existing != plan.fingerprint:
@@ -315,8 +314,8 @@ class OutputSession:
                        "partition_rows": plan.partition_rows,
                        "input_identity": [asdict(f) for f in plan.identity]})
         if action in ("create", "replace"):
-            format_named(job.output.format).create(
-                self.location.url, {"complete": False, "run_fingerprint": plan.fingerprint})
+            store_at(self.location.url, job.output.format).create(
+                {"complete": False, "run_fingerprint": plan.fingerprint})
         return staging
 
     def _remove_made_dirs(self) -> None:

@@ -23,7 +23,7 @@ from ..io.location import (
 )
 from ..post.apply import fit_view
 from ..spec import Job, check_incremental
-from ..stores import Layout, Staging, format_named
+from ..stores import Layout, Staging, store_at
 from ..stores.markers import MarkerTotals
 from ..stores.provenance import InputFile, RunRecord
 from .checks import check_output_where
@@ -147,19 +147,18 @@ def commit_store(job: Job, staging: Staging, parts: Sequence[Partition], totals:
     )
     provenance = replace(build_provenance(job, totals, model, fingerprint),
                          input_identity=identity, history=(record,) if record else ())
-    fmt = format_named(job.output.format)
-    path = job.output.path
+    fmt = store_at(job.output.path, job.output.format)
     staging.confirm("commit")
-    fmt.commit(path, staging, layout, provenance.to_dict())
+    fmt.commit(staging, layout, provenance)
     post_views = [v for v in job.views if v.post is not None]
     if post_views:
-        docs, _ = fmt.open_datasets(path)
+        docs, _ = fmt.open_datasets()
         for view in post_views:
             assert view.post is not None  # narrowed by the filter above
             staging.confirm(f"fit the post-processed view {view.name}")
-            provenance = fit_view(fmt, path, docs, layout.has_chunks, provenance, view.name,
+            provenance = fit_view(fmt, docs, layout.has_chunks, provenance, view.name,
                                   view.name, view.post)
     # why last: a reader that sees `complete` sees every array and post view
     staging.confirm("mark the store complete")
-    fmt.update_provenance(path, replace(provenance, complete=True).to_dict())
+    fmt.update_provenance(replace(provenance, complete=True))
     staging.remove()

@@ -19,15 +19,15 @@ if TYPE_CHECKING:
 
 
 @cache
-def formats() -> dict[str, StoreFormat]:
+def formats() -> dict[str, type[StoreFormat]]:
     """Every store format by its `output.format` name."""
     from .parquet_store import ParquetFormat
     from .zarr_store import ZarrFormat
 
-    return {"zarr": ZarrFormat(), "parquet": ParquetFormat()}
+    return {"zarr": ZarrFormat, "parquet": ParquetFormat}
 
 
-def format_named(name: str) -> StoreFormat:
+def format_named(name: str) -> type[StoreFormat]:
     try:
         return formats()[name]
     except KeyError:
@@ -35,10 +35,16 @@ def format_named(name: str) -> StoreFormat:
                          f"{', '.join(formats())}") from None
 
 
+def store_at(path: str, name: str) -> StoreFormat:
+    """A handle on the store (or the place for one) at `path` in format `name`."""
+    return format_named(name)(path)
+
+
 def detect_format(path: str) -> StoreFormat:
+    """A handle on the store at `path`, in the format it is written in."""
     for fmt in formats().values():
-        if fmt.is_store(path):
-            return fmt
+        if fmt.holds_store(path):
+            return fmt(path)
     if resolve(path).child("chunks").is_dir():
         raise StoreError(f"{path}: docs/part-0.parquet is missing (chunks/ is there): a "
                          "damaged Parquet store")
@@ -60,4 +66,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["FORMATS", "Layout", "Staging", "StoreFormat", "detect_format", "format_named",
-           "formats"]
+           "formats", "store_at"]

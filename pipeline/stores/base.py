@@ -1,21 +1,36 @@
-"""What every store format shares: the layout of a finished run, vector columns, and the
-`StoreFormat` protocol that each format class implements (mypy checks it)."""
+"""What every store format shares: the layout of a finished run, the one order in which a
+version's data is written, and `StoreFormat`, the base class each format subclasses.
+
+A `StoreFormat` is a handle bound to one store location, like zarr's `Store`: it reads
+the store's provenance once (`record`) and keeps it, so opening a store, checking its
+files and reading its datasets read the provenance one time. The base class owns the
+steps every format takes in the same order (`commit`, `write_version`, `publish`); a
+format supplies only how it writes a level, where a version lives, and how it switches.
+Provenance comes in typed (`Provenance`); the raw dict is what is stored, and
+`stores.provenance` is the one place that turns one into the other.
+"""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..io.location import Location, resolve
+from .columns import StoredColumns
+from .provenance import FileSum, Provenance, is_complete, recorded_checksums, sealed, version_of
+
 if TYPE_CHECKING:  # typing only: staging imports nothing from here at run time
     import xarray as xr
 
-    from .provenance import FileSum
     from .staging import Staging
+
+LEVELS_IN_WRITE_ORDER = ("tokens", "chunks", "docs")  # docs last: it names what is done
 
 
 @dataclass(frozen=True)
@@ -29,73 +44,205 @@ class Layout:
     n_tokens: int = 0  # rows of the tokens level (stored tokens)
     has_tokens: bool = False  # the job has a token view (pooling: tokens)
 
+    def levels(self) -> list[tuple[str, int]]:
+        """The levels this run stores and their rows, in the order they are written."""
+        rows = {"tokens": self.n_tokens, "chunks": self.n_chunks, "docs": self.n_docs}
+        held = {"tokens": self.has_tokens, "chunks": self.has_chunks, "docs": True}
+        return [(level, rows[level]) for level in LEVELS_IN_WRITE_ORDER if held[level]]
 
-class StoreFormat(Protocol):
-    """One on-disk format. Provenance crosses this boundary as the plain dict that is
-    stored; `stores.provenance` is the one place that turns it into a typed object."""
 
-    name: str
+@dataclass
+class StagedLevel:
+    """One level of a version as the staged parts give it: every part cast to the one
+    schema the parts unify to, in row order (docs with the store's token offsets)."""
+
+    name: str  # docs | chunks | tokens
+    rows: int
+    columns: StoredColumns
+    files: list[Location]  # the staged part files, in row order
+    parts: Iterator[pa.Table]
+
+    @classmethod
+    def of(cls, staging: Staging, level: str, rows: int, indices: Sequence[int]) -> StagedLevel:
+        columns = StoredColumns.from_metadata(staging.part_schemas(level, indices))
+        parts: Iterator[pa.Table] = (columns.conform(t)
+                                     for t in staging.read_parts(level, indices))
+        if level == "docs":
+            parts = with_store_token_offsets(parts)
+        return cls(level, rows, columns, [staging.part(i, level) for i in indices], parts)
+
+
+class StoreFormat(ABC):
+    """One on-disk format, bound to the store at `path` (local or an fsspec URL)."""
+
+    name: ClassVar[str]
     # True when publishing a version never moves the files a reader of the previous one
     # reads (the reader need not read the provenance again to know what it opened)
-    atomic_switch: bool
+    atomic_switch: ClassVar[bool]
 
-    def create(self, path: str, provenance: dict[str, Any]) -> None: ...
+    def __init__(self, path: str) -> None:
+        self.path = str(path)
+        self.location = resolve(self.path)
+        self._record: dict[str, Any] | None = None
+        self._record_read = False
 
-    def is_store(self, path: str) -> bool: ...
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path!r})"
 
-    def read_provenance(self, path: str) -> dict[str, Any] | None: ...
+    @classmethod
+    @abstractmethod
+    def holds_store(cls, path: str) -> bool:
+        """Whether `path` holds a store of this format."""
 
-    def commit(self, path: str, staging: Staging, layout: Layout,
-               provenance: dict[str, Any]) -> None: ...
+    # ---- the provenance, read once per handle ----------------------------------------
 
-    def open_datasets(self, path: str, provenance: dict[str, Any] | None = None
-                      ) -> tuple[xr.Dataset, xr.Dataset | None]:
-        """The docs and chunks levels, lazily; `provenance` when the caller has read it."""
+    def record(self) -> dict[str, Any] | None:
+        """The provenance as stored (complete or not; None before a run starts), read
+        from the store once and kept."""
+        if not self._record_read:
+            self._record, self._record_read = self._read_record(), True
+        return self._record
 
-    def open_tokens(self, path: str, provenance: dict[str, Any] | None = None
-                    ) -> xr.Dataset | None: ...
+    def reread(self) -> dict[str, Any] | None:
+        """The provenance as stored now (another process may have switched the version)."""
+        self._record_read = False
+        return self.record()
 
-    def add_view(self, path: str, source: str, name: str,
-                 fn: Callable[[np.ndarray], np.ndarray], levels: Sequence[str]) -> None: ...
+    def provenance(self) -> Provenance:
+        return Provenance.from_dict(self.record() or {}, self.path)
 
-    def write_params(self, path: str, name: str, params: dict[str, np.ndarray]) -> None: ...
+    def write_record(self, raw: dict[str, Any]) -> None:
+        """Store `raw` as the provenance; a complete one is sealed first with the checksum
+        of every file of `data_files` (what `bertpipe verify` checks)."""
+        if is_complete(raw):
+            raw = self._sealed(raw, version_of(raw))
+        self._write_record(raw)
+        self._record, self._record_read = raw, True
 
-    def read_params(self, path: str, name: str) -> dict[str, np.ndarray]: ...
+    def update_provenance(self, provenance: Provenance) -> None:
+        self.write_record(provenance.to_dict())
 
-    def update_provenance(self, path: str, provenance: dict[str, Any]) -> None:
-        """Write `provenance`; a complete one is sealed first: the checksum of every file
-        in `data_files` is recorded in it (what `bertpipe verify` checks)."""
+    def _sealed(self, raw: dict[str, Any], version: int) -> dict[str, Any]:
+        """`raw` with the checksum of every data file of `version` recorded in it."""
+        return sealed(raw, self.checksums(self._files_of(version)))
 
-    # integrity: what the checksums cover and how each file is measured
+    def checksums(self, files: Sequence[str], root: StoreFormat | None = None
+                  ) -> dict[str, FileSum]:
+        root = root or self
+        return {rel: sum_ for rel in files if (sum_ := root.file_sum(rel))}
 
-    def data_files(self, path: str) -> list[str]:
-        """The store's data files (store-relative POSIX paths) that checksums cover."""
+    def recorded_checksums(self) -> dict[str, FileSum]:
+        return recorded_checksums(self.record())
 
-    def checked_size(self, path: str, rel: str) -> int | None:
-        """Bytes of `rel` that its checksum covers, from file sizes alone; None if absent."""
+    # ---- writing: the one order every format follows --------------------------------
 
-    def file_sum(self, path: str, rel: str) -> FileSum | None: ...
+    @abstractmethod
+    def create(self, raw: dict[str, Any]) -> None:
+        """Make the (empty) store, recording `raw` where the format keeps it before data."""
 
-    def row_counts(self, path: str) -> dict[str, tuple[str, int]]:
-        """Rows of every stored array (Zarr) or file (Parquet): name -> (level, rows)."""
+    def commit(self, staging: Staging, layout: Layout, provenance: Provenance) -> None:
+        """Write the staged parts as the store's first version, then `provenance`."""
+        target = self._version_target(0)
+        self._write_data(target, staging, layout, provenance.to_dict())
+        self._after_commit(provenance.to_dict())
 
-    # Growing a store (incremental runs): a new version is written beside the current one,
-    # then published in one step; readers see the previous version until then.
-
-    def write_version(self, path: str, version: int, staging: Staging, layout: Layout,
+    def write_version(self, version: int, staging: Staging, layout: Layout,
                       params: dict[str, dict[str, np.ndarray]]) -> None:
         """Write a new version's data (and the fitted parameters of its post-processed
         views) from staged parts beside the current one; readers do not see it yet."""
+        target = self._version_target(version)
+        self._write_data(target, staging, layout, None)
+        for name, values in params.items():
+            self._write_version_params(target, name, values)
 
-    def publish(self, path: str, version: int, provenance: dict[str, Any]) -> None:
-        """Make `version` current: seal `provenance` (complete, naming the version) with the
-        checksums of the new version's files and switch to it. Readers that opened the
-        previous version keep reading it; new readers open the new one."""
+    def publish(self, version: int, provenance: Provenance) -> None:
+        """Make `version` current: seal `provenance` (complete, naming the version) with
+        the checksums of the new version's files and switch to it. Readers that opened
+        the previous version keep reading it; new readers open the new one."""
+        if provenance.version != version or not provenance.complete:
+            raise ValueError(f"publish: the provenance must be complete and name version "
+                             f"{version}")
+        previous = version_of(self.record())
+        self._switch(version, provenance.to_dict(), previous)
 
-    def recover(self, path: str) -> None:
-        """Finish a switch a killed update began (a no-op where the switch is one step)."""
+    def _write_data(self, target: Any, staging: Staging, layout: Layout,
+                    raw: dict[str, Any] | None) -> None:
+        """Every level of a version, in `LEVELS_IN_WRITE_ORDER`; `raw` is the provenance
+        to keep with the data where the format keeps it there (None: not yet)."""
+        for level, rows in layout.levels():
+            self._write_level(target, StagedLevel.of(staging, level, rows, layout.indices),
+                              raw if level == "docs" else None)
 
-    def drop_retired(self, path: str) -> None:
+    # ---- what each format supplies ---------------------------------------------------
+
+    @abstractmethod
+    def _read_record(self) -> dict[str, Any] | None: ...
+
+    @abstractmethod
+    def _write_record(self, raw: dict[str, Any]) -> None: ...
+
+    @abstractmethod
+    def _version_target(self, version: int) -> Any:
+        """Where `version`'s data is written (what a killed write left there removed)."""
+
+    @abstractmethod
+    def _write_level(self, target: Any, level: StagedLevel, raw: dict[str, Any] | None
+                     ) -> None: ...
+
+    def _after_commit(self, raw: dict[str, Any]) -> None:
+        """What follows the first version's data (the provenance, where not written yet)."""
+        self.write_record(raw)
+
+    @abstractmethod
+    def _write_version_params(self, target: Any, name: str,
+                              params: dict[str, np.ndarray]) -> None: ...
+
+    @abstractmethod
+    def _switch(self, version: int, raw: dict[str, Any], previous: int) -> None:
+        """Seal `raw` with the new version's checksums and make it current."""
+
+    @abstractmethod
+    def _files_of(self, version: int) -> list[str]:
+        """`version`'s data files (store-relative POSIX paths) that checksums cover."""
+
+    def data_files(self) -> list[str]:
+        """The current version's data files that checksums cover."""
+        return self._files_of(version_of(self.record()))
+
+    @abstractmethod
+    def file_sum(self, rel: str) -> FileSum | None: ...
+
+    @abstractmethod
+    def checked_size(self, rel: str) -> int | None:
+        """Bytes of `rel` that its checksum covers, from file sizes alone; None if absent."""
+
+    @abstractmethod
+    def row_counts(self) -> dict[str, tuple[str, int]]:
+        """Rows of every stored array (Zarr) or file (Parquet): name -> (level, rows)."""
+
+    @abstractmethod
+    def open_datasets(self) -> tuple[xr.Dataset, xr.Dataset | None]:
+        """The current version's docs and chunks levels, lazily."""
+
+    @abstractmethod
+    def open_tokens(self) -> xr.Dataset | None: ...
+
+    @abstractmethod
+    def add_view(self, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
+                 levels: Sequence[str]) -> None: ...
+
+    @abstractmethod
+    def write_params(self, name: str, params: dict[str, np.ndarray]) -> None: ...
+
+    @abstractmethod
+    def read_params(self, name: str) -> dict[str, np.ndarray]: ...
+
+    @abstractmethod
+    def recover(self) -> None:
+        """Finish a switch a killed update began (nothing where the switch is one step)."""
+
+    @abstractmethod
+    def drop_retired(self) -> None:
         """Remove what is left of versions before the current one (kept for the readers
         that opened them), and of a version a killed update wrote and never published."""
 

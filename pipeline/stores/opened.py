@@ -90,7 +90,7 @@ def _open(path: str, require_complete: bool) -> StoreData:
     if not location.exists():
         raise StoreError(f"{path}: no such store")
     fmt = detect_format(path)
-    raw = fmt.read_provenance(path) or {}
+    raw = fmt.record() or {}
     if require_complete and not raw.get("complete"):
         raise StoreError(f"{path}: store is incomplete (its job has not finished; rerun it "
                          "to resume)")
@@ -99,26 +99,24 @@ def _open(path: str, require_complete: bool) -> StoreData:
                          "job to resume")
     for attempt in range(SWITCH_RETRIES + 1):
         try:
-            check_sizes(fmt, path, raw)
-            docs, chunks = fmt.open_datasets(path, raw)
-            tokens = fmt.open_tokens(path, raw)
+            check_sizes(fmt)
+            docs, chunks = fmt.open_datasets()
+            tokens = fmt.open_tokens()
         except StoreError:
             # an update switching versions (Parquet: two renames) shows files of two
             # versions for a moment: read the provenance again and retry
-            again = fmt.read_provenance(path) or {}
-            if attempt == SWITCH_RETRIES or not _switched(raw, again, fmt, path):
+            before, raw = raw, fmt.reread() or {}
+            if attempt == SWITCH_RETRIES or not _switched(before, raw, path):
                 raise
-            raw = again
             time.sleep(0.05)
             continue
-        if fmt.atomic_switch or version_of(fmt.read_provenance(path)) == version_of(raw):
+        if fmt.atomic_switch or version_of(fmt.reread()) == version_of(raw):
             break
-        raw = fmt.read_provenance(path) or {}  # switched while opening: open the new one
+        raw = fmt.record() or {}  # switched while opening: open the new one
     provenance = Provenance.from_dict(raw, path)
     return StoreData(path, fmt, provenance, docs, chunks, tokens)
 
 
-def _switched(before: dict[str, object], now: dict[str, object], fmt: StoreFormat,
-              path: str) -> bool:
+def _switched(before: dict[str, object], now: dict[str, object], path: str) -> bool:
     """An update is switching or has just switched the store's version."""
     return version_of(now) != version_of(before) or Path(path, STAGING_DIR, "next").exists()

@@ -43,11 +43,11 @@ import xarray as xr
 
 from ..errors import StoreError
 from ..io.location import Location, resolve
-from .base import Layout, column_matrix, with_store_token_offsets
-from .columns import StoredColumns, has_nulls, numpy_dtype, to_numpy
+from .base import StagedLevel, StoreFormat, column_matrix
+from .columns import has_nulls, numpy_dtype, to_numpy
 from .integrity import file_sum, parquet_data_size
-from .provenance import FileSum, is_complete, sealed, version_of
-from .staging import STAGING_DIR, Staging
+from .provenance import FileSum, is_complete, sealed
+from .staging import STAGING_DIR
 
 ROW_GROUP_ROWS = 32768
 METADATA_KEY = b"bertpipe"
@@ -181,22 +181,6 @@ def _with_column(file: Location, source: str, name: str,
         yield table
 
 
-def _conformed(staging: Staging, level: str, layout: Layout) -> Iterator[pa.Table]:
-    """The staged parts of a level, each cast to the one schema they unify to."""
-    columns = StoredColumns.from_metadata(staging.part_schemas(level, layout.indices))
-    for table in staging.read_parts(level, layout.indices):
-        yield columns.conform(table)
-
-
-def _write_tokens(root: Location, staging: Staging, layout: Layout) -> None:
-    """`tokens/part-NNNNNN.parquet`, numbered in row order. Parts left by an interrupted
-    commit go first; the store is not complete until its provenance says so."""
-    tokens = root.child(TOKENS_DIR)
-    tokens.remove_tree()
-    for k, table in enumerate(_conformed(staging, "tokens", layout)):
-        _write(tokens.child(f"part-{k:06d}.parquet"), iter([table]), None)
-
-
 def _parts_dataset(files: Sequence[Location], dim: str) -> xr.Dataset:
     """Every column of a folder of part files as dask arrays, one block per row group,
     the files concatenated in the given order."""
@@ -262,7 +246,7 @@ def _blocks(stream: Any, size: int, name: str, block_size: int) -> Iterator[byte
         yield block
 
 
-class ParquetFormat:
+class ParquetFormat(StoreFormat):
     """The Parquet store format (see the module docstring for its layout)."""
 
     name = "parquet"
@@ -270,22 +254,96 @@ class ParquetFormat:
     # that the version it read the provenance of is still the one it opened
     atomic_switch = False
 
-    def create(self, path: str, provenance: dict[str, Any]) -> None:
-        resolve(path).make_dirs()
-
-    def is_store(self, path: str) -> bool:
+    @classmethod
+    def holds_store(cls, path: str) -> bool:
         root = resolve(path)
         if root.child(OLD_LAYOUT).is_file() and not root.child(DOCS_FILE).exists():
             raise StoreError(f"{path}: a Parquet store in the layout before tables had folders "
                              "(docs.parquet); rerun its job with --overwrite to rewrite it")
         return root.child(DOCS_FILE).exists()
 
-    def read_provenance(self, path: str) -> dict[str, Any] | None:
-        file = resolve(path).child(DOCS_FILE)
+    def create(self, raw: dict[str, Any]) -> None:
+        self.location.make_dirs()  # the provenance is kept in the docs file, written last
+
+    def _read_record(self) -> dict[str, Any] | None:
+        file = self.location.child(DOCS_FILE)
         return _metadata(file) if file.exists() else None
 
-    def data_files(self, path: str) -> list[str]:
-        root = resolve(path)
+    def _write_record(self, raw: dict[str, Any]) -> None:
+        _replace_footer(self.location.child(DOCS_FILE), raw)
+
+    # ---- writing a version -----------------------------------------------------------
+
+    def _version_target(self, version: int) -> Location:
+        """The store's root for the first version; the staging area's `next/` for an
+        update's (`publish` moves its files into place)."""
+        if version == 0:
+            return self.location
+        shutil.rmtree(_next_root(self.path), ignore_errors=True)  # what a killed update left
+        return resolve(str(_next_root(self.path)))
+
+    def _write_level(self, target: Location, level: StagedLevel, raw: dict[str, Any] | None
+                     ) -> None:
+        """docs and chunks: one file each; tokens: one file per part, numbered in row order
+        (parts left by an interrupted commit go first; the store is not complete until its
+        provenance says so). The docs file carries `raw` in its footer."""
+        if level.name == "tokens":
+            folder = target.child(TOKENS_DIR)
+            folder.remove_tree()
+            for k, table in enumerate(level.parts):
+                _write(folder.child(f"part-{k:06d}.parquet"), iter([table]), None)
+            return
+        parts = level.parts
+        if level.name == "docs":
+            parts = (t.drop_columns(["row"]) for t in parts)
+        _write(level_file(target, level.name), parts, raw)
+
+    def _after_commit(self, raw: dict[str, Any]) -> None:
+        """The docs file, written last, holds the provenance already (a complete one is
+        sealed by a later `write_record`)."""
+        self._record, self._record_read = raw, True
+        if is_complete(raw):
+            self.write_record(raw)
+
+    def _write_version_params(self, target: Location, name: str,
+                              params: dict[str, np.ndarray]) -> None:
+        """Fitted parameters do not change in an update: post/ stays where it is."""
+
+    def _switch(self, version: int, raw: dict[str, Any], previous: int) -> None:
+        staged = ParquetFormat(str(_next_root(self.path)))
+        sums = self.checksums(LEVEL_FILES, root=staged)
+        sums.update(self.checksums([rel for rel in self.data_files()
+                                    if rel.startswith("post/")]))
+        _replace_footer(staged.location.child(DOCS_FILE), sealed(raw, sums))
+        self.recover()
+        self._record, self._record_read = sealed(raw, sums), True
+
+    def recover(self) -> None:
+        """Finish a switch: a staged docs file whose provenance is complete was sealed, so
+        its version is the one to publish (rename the chunks file, then the docs file)."""
+        staged = _next_root(self.path)
+        docs = staged / DOCS_FILE
+        if not docs.is_file() or not is_complete(_metadata(resolve(str(docs)))):
+            return
+        root = Path(self.path)
+        chunks = staged / LEVEL_FILES[1]
+        if chunks.is_file():
+            (root / "chunks").mkdir(exist_ok=True)
+            os.replace(chunks, root / LEVEL_FILES[1])
+        os.replace(docs, root / DOCS_FILE)  # the switch: the provenance names the version
+        shutil.rmtree(staged, ignore_errors=True)
+        self._record_read = False
+
+    def drop_retired(self) -> None:
+        """Nothing stays of a retired version (its files were replaced by rename; readers
+        that mapped them keep them until they close); a staged one never published goes."""
+        shutil.rmtree(_next_root(self.path), ignore_errors=True)
+
+    # ---- reading ---------------------------------------------------------------------
+
+    def _files_of(self, version: int) -> list[str]:
+        """The level files, token parts and fitted parameters (one version is stored)."""
+        root = self.location
         files = [name for name in LEVEL_FILES if root.child(name).is_file()]
         tokens = root.child(TOKENS_DIR).glob("part-*.parquet")
         files += [f"{TOKENS_DIR}/{f.name}" for f in tokens]
@@ -293,47 +351,35 @@ class ParquetFormat:
                   if "/" not in rel and rel.endswith(".npz") and not rel.startswith(".")]
         return files
 
-    def checked_size(self, path: str, rel: str) -> int | None:
-        file = resolve(path).child(rel)
+    def checked_size(self, rel: str) -> int | None:
+        file = self.location.child(rel)
         if rel.endswith(".parquet"):
             return parquet_data_size(file)
         return file.size()
 
-    def file_sum(self, path: str, rel: str) -> FileSum | None:
-        size = self.checked_size(path, rel)
-        return None if size is None else file_sum(resolve(path).child(rel), size)
+    def file_sum(self, rel: str) -> FileSum | None:
+        size = self.checked_size(rel)
+        return None if size is None else file_sum(self.location.child(rel), size)
 
-    def row_counts(self, path: str) -> dict[str, tuple[str, int]]:
-        root = resolve(path)
+    def row_counts(self) -> dict[str, tuple[str, int]]:
+        root = self.location
         return {name: (name.split("/")[0], _open(root.child(name)).metadata.num_rows)
                 for name in LEVEL_FILES if root.child(name).is_file()}
 
-    def commit(self, path: str, staging: Staging, layout: Layout,
-               provenance: dict[str, Any]) -> None:
-        root = resolve(path)
-        if layout.has_tokens:
-            _write_tokens(root, staging, layout)
-        if layout.has_chunks:
-            _write(level_file(root, "chunks"), _conformed(staging, "chunks", layout), None)
-        docs = (t.drop_columns(["row"]) for t in
-                with_store_token_offsets(_conformed(staging, "docs", layout)))
-        _write(level_file(root, "docs"), docs, provenance)
-
-    def open_datasets(self, path: str, provenance: dict[str, Any] | None = None
-                      ) -> tuple[xr.Dataset, xr.Dataset | None]:
-        root = resolve(path)
-        docs = _dataset(level_file(root, "docs"), "doc")
+    def open_datasets(self) -> tuple[xr.Dataset, xr.Dataset | None]:
+        docs = _dataset(level_file(self.location, "docs"), "doc")
         docs = docs.set_coords("id")
-        chunks_file = level_file(root, "chunks")
+        chunks_file = level_file(self.location, "chunks")
         chunks = _dataset(chunks_file, "chunk") if chunks_file.exists() else None
         return docs, chunks
 
-    def open_tokens(self, path: str, provenance: dict[str, Any] | None = None
-                    ) -> xr.Dataset | None:
-        parts = resolve(path).child(TOKENS_DIR).glob("part-*.parquet")
+    def open_tokens(self) -> xr.Dataset | None:
+        parts = self.location.child(TOKENS_DIR).glob("part-*.parquet")
         return _parts_dataset(parts, "piece") if parts else None
 
-    def add_view(self, path: str, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
+    # ---- post-processed views --------------------------------------------------------
+
+    def add_view(self, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
                  levels: Sequence[str]) -> None:
         """Rewrite each level's file with column `name` = fn(`source`), row group by row group.
 
@@ -341,72 +387,20 @@ class ParquetFormat:
         the view.
         """
         for level in levels:
-            file = level_file(resolve(path), level)
+            file = level_file(self.location, level)
             _write(file, _with_column(file, source, name, fn), _metadata(file))
 
-    def write_params(self, path: str, name: str, params: dict[str, np.ndarray]) -> None:
-        folder = resolve(path).child("post")
+    def write_params(self, name: str, params: dict[str, np.ndarray]) -> None:
+        folder = self.location.child("post")
         folder.make_dirs()
         buffer = io.BytesIO()
         np.savez(buffer, **params)  # type: ignore[arg-type]  # numpy stubs miss **kwargs arrays
         folder.child(f"{name}.npz").write_bytes(buffer.getvalue())
 
-    def read_params(self, path: str, name: str) -> dict[str, np.ndarray]:
-        raw = resolve(path).child("post", f"{name}.npz").read_bytes()
+    def read_params(self, name: str) -> dict[str, np.ndarray]:
+        raw = self.location.child("post", f"{name}.npz").read_bytes()
         with np.load(io.BytesIO(raw)) as data:
             return {key: data[key] for key in data.files}
-
-    def update_provenance(self, path: str, provenance: dict[str, Any]) -> None:
-        """Write the provenance; a complete one is sealed with every data file's checksum."""
-        if is_complete(provenance):
-            provenance = sealed(provenance, {rel: sum_ for rel in self.data_files(path)
-                                             if (sum_ := self.file_sum(path, rel))})
-        _replace_footer(resolve(path).child(DOCS_FILE), provenance)
-
-    def write_version(self, path: str, version: int, staging: Staging, layout: Layout,
-                      params: dict[str, dict[str, np.ndarray]]) -> None:
-        """The new version's docs and chunks files in the staging area (`publish` moves
-        them into place). Fitted parameters do not change in an update: post/ stays."""
-        if layout.has_tokens:
-            raise StoreError(f"{path}: incremental runs do not support token views")
-        shutil.rmtree(_next_root(path), ignore_errors=True)  # what a killed update left
-        root = resolve(str(_next_root(path)))
-        if layout.has_chunks:
-            _write(level_file(root, "chunks"), _conformed(staging, "chunks", layout), None)
-        docs = (t.drop_columns(["row"]) for t in _conformed(staging, "docs", layout))
-        _write(level_file(root, "docs"), docs, None)
-
-    def publish(self, path: str, version: int, provenance: dict[str, Any]) -> None:
-        if version_of(provenance) != version or not is_complete(provenance):
-            raise ValueError(f"publish: the provenance must be complete and name version "
-                             f"{version}")
-        staged = _next_root(path)
-        sums = {rel: sum_ for rel in LEVEL_FILES
-                if (sum_ := self.file_sum(str(staged), rel))}
-        sums.update({rel: sum_ for rel in self.data_files(path) if rel.startswith("post/")
-                     and (sum_ := self.file_sum(path, rel))})
-        _replace_footer(resolve(str(staged / DOCS_FILE)), sealed(provenance, sums))
-        self.recover(path)
-
-    def recover(self, path: str) -> None:
-        """Finish a switch: a staged docs file whose provenance is complete was sealed, so
-        its version is the one to publish (rename the chunks file, then the docs file)."""
-        staged = _next_root(path)
-        docs = staged / DOCS_FILE
-        if not docs.is_file() or not is_complete(_metadata(resolve(str(docs)))):
-            return
-        root = Path(path)
-        chunks = staged / LEVEL_FILES[1]
-        if chunks.is_file():
-            (root / "chunks").mkdir(exist_ok=True)
-            os.replace(chunks, root / LEVEL_FILES[1])
-        os.replace(docs, root / DOCS_FILE)  # the switch: the provenance names the version
-        shutil.rmtree(staged, ignore_errors=True)
-
-    def drop_retired(self, path: str) -> None:
-        """Nothing stays of a retired version (its files were replaced by rename; readers
-        that mapped them keep them until they close); a staged one never published goes."""
-        shutil.rmtree(_next_root(path), ignore_errors=True)
 
 
 def _next_root(path: str) -> Path:

@@ -11,7 +11,7 @@ from ..io.location import resolve
 from . import detect_format
 from .base import StoreFormat
 from .integrity import describe, size_problem, sum_problem, where
-from .provenance import Provenance, is_complete, recorded_checksums
+from .provenance import Provenance, is_complete
 
 LEVEL_STATS = {"docs": "rows", "chunks": "chunks"}  # level -> its row count in stats
 MAX_LISTED = 5  # problems named in a one-line error; the count says how many more
@@ -45,13 +45,10 @@ def verify_store(path: str | Path) -> list[str]:
     if not resolve(path).exists():
         raise StoreError(f"{path}: no such store")
     fmt = detect_format(path)
-    raw = fmt.read_provenance(path)
-    if not is_complete(raw):
+    if not is_complete(fmt.record()):
         return ["the store is incomplete (its job has not finished; rerun it to resume)"]
-    provenance = Provenance.from_dict(raw or {}, path)
-    problems = _checksum_problems(fmt, path, provenance)
-    problems += _row_problems(fmt, path, provenance)
-    return problems
+    provenance = fmt.provenance()
+    return _checksum_problems(fmt, provenance) + _row_problems(fmt, provenance)
 
 
 def verified(path: str | Path) -> Verified:
@@ -61,7 +58,7 @@ def verified(path: str | Path) -> Verified:
     if problems:
         raise StoreError(f"{path}: fails verification: {summarize(problems)}")
     fmt = detect_format(path)
-    provenance = Provenance.from_dict(fmt.read_provenance(path) or {}, path)
+    provenance = fmt.provenance()
     stats = provenance.stats
     return Verified(path, fmt.name, int(stats.get("rows", 0)), int(stats.get("chunks", 0)),
                     len(provenance.views), len(provenance.checksums))
@@ -74,38 +71,38 @@ def summarize(problems: list[str]) -> str:
     return text + (f"; and {more} more" if more > 0 else "")
 
 
-def check_sizes(fmt: StoreFormat, path: str, raw: dict[str, object] | None) -> None:
+def check_sizes(fmt: StoreFormat) -> None:
     """The cheap check made on every open: each recorded file is present with its size
     (no reading), so a missing or truncated file is refused before anything decodes it."""
-    recorded = recorded_checksums(raw)
-    sizes = {rel: fmt.checked_size(path, rel) for rel in recorded}
+    recorded = fmt.recorded_checksums()
+    sizes = {rel: fmt.checked_size(rel) for rel in recorded}
     found = {rel: problem for rel, expected in recorded.items()
              if (problem := size_problem(rel, sizes[rel], expected))}
     problems = describe(found, {rel for rel, size in sizes.items() if size is None}, recorded)
     if problems:
-        raise StoreError(f"{path}: damaged store: {summarize(problems)}; `bertpipe verify "
-                         f"{path}` lists what is wrong")
+        raise StoreError(f"{fmt.path}: damaged store: {summarize(problems)}; `bertpipe "
+                         f"verify {fmt.path}` lists what is wrong")
 
 
-def _checksum_problems(fmt: StoreFormat, path: str, provenance: Provenance) -> list[str]:
+def _checksum_problems(fmt: StoreFormat, provenance: Provenance) -> list[str]:
     recorded = provenance.checksums
     if not recorded:
         return ["no checksums recorded (written before bertpipe recorded them); rerun its "
                 "job with --overwrite to rewrite it"]
-    sums = {rel: fmt.file_sum(path, rel) for rel in recorded}
+    sums = {rel: fmt.file_sum(rel) for rel in recorded}
     found = {rel: problem for rel, expected in recorded.items()
              if (problem := sum_problem(rel, sums[rel], expected))}
     problems = describe(found, {rel for rel, sum_ in sums.items() if sum_ is None}, recorded)
     problems += [f"{where(rel)} is not recorded in the provenance (written after the store "
-                 "was finished)" for rel in fmt.data_files(path) if rel not in recorded]
+                 "was finished)" for rel in fmt.data_files() if rel not in recorded]
     return problems
 
 
-def _row_problems(fmt: StoreFormat, path: str, provenance: Provenance) -> list[str]:
+def _row_problems(fmt: StoreFormat, provenance: Provenance) -> list[str]:
     expected = {level: provenance.stats.get(key) for level, key in LEVEL_STATS.items()}
     try:
-        counts = fmt.row_counts(path)
-        docs, chunks = fmt.open_datasets(path)  # lazy: metadata only
+        counts = fmt.row_counts()
+        docs, chunks = fmt.open_datasets()  # lazy: metadata only
     except StoreError as exc:
         return [str(exc)]
     except ValueError as exc:  # xarray: the arrays of one level disagree on their length

@@ -42,11 +42,10 @@ from zarr.storage import FsspecStore, LocalStore
 
 from ..errors import StoreError
 from ..io.location import Location, filesystem, protocol_of, resolve
-from .base import Layout, column_matrix, with_store_token_offsets
+from .base import StagedLevel, StoreFormat, column_matrix
 from .columns import MISSING_ATTRIBUTE, StoredColumns, strings_as_objects
 from .integrity import VerifiedStore, file_sum
-from .provenance import FileSum, is_complete, recorded_checksums, sealed, version_of
-from .staging import Staging
+from .provenance import FileSum, version_of
 
 ROWS_PER_CHUNK = 8192
 # xarray makes a 1-D array named like its dimension an index, read whole on open. The docs
@@ -139,15 +138,6 @@ def _chunk_aligned(tables: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
         pending, held, given = [block.slice(whole)], held - whole, True
     if held or (pending and not given):  # a level of no rows still gets its (empty) arrays
         yield pa.concat_tables(pending)
-
-
-def _write_tokens(root: zarr.Group, staging: Staging, layout: Layout) -> None:
-    """The tokens level: one row per stored token, in row then position order."""
-    files = [staging.part(i, "tokens") for i in layout.indices]
-    columns = StoredColumns.from_metadata(staging.part_schemas("tokens", layout.indices))
-    parts = (t.drop_columns(TOKEN_FIELDS_NOT_STORED)
-             for t in staging.read_parts("tokens", layout.indices))
-    _write_level(root, "tokens", parts, layout.n_tokens, columns, columns.string_widths(files))
 
 
 def _create(group: zarr.Group, name: str, sample: np.ndarray, n: int, dim: str) -> zarr.Array:
@@ -299,26 +289,7 @@ def _open_group(path: str, **kwargs: Any) -> Any:
     return zarr.open_group(zarr_store(path, read_only=kwargs.get("mode") == "r"), **kwargs)
 
 
-def _verified_group(path: str, writable: bool = False,
-                    provenance: dict[str, Any] | None = None) -> Any:
-    """The current version's group (the root for version 0), opened so that every recorded
-    file is checked as it is read; `provenance` when the caller has read it already."""
-    if provenance is None:
-        provenance = ZarrFormat().read_provenance(path)
-    store = VerifiedStore(zarr_store(path, read_only=not writable),
-                          recorded_checksums(provenance), path)
-    if writable:
-        root = zarr.open_group(store, mode="a", use_consolidated=False)
-    else:
-        root = zarr.open_group(store, mode="r")
-    return _version_group(root, version_of(provenance))
-
-
-def _current_prefix(path: str) -> str:
-    return version_prefix(version_of(ZarrFormat().read_provenance(path)))
-
-
-class ZarrFormat:
+class ZarrFormat(StoreFormat):
     """The Zarr v3 store format (see the module docstring for its layout)."""
 
     name = "zarr"
@@ -326,61 +297,175 @@ class ZarrFormat:
     # a reader that read the provenance keeps a consistent view without reading it again
     atomic_switch = True
 
-    def create(self, path: str, provenance: dict[str, Any]) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            _open_group(path, mode="a", attributes={"bertpipe": provenance})
-
-    def is_store(self, path: str) -> bool:
+    @classmethod
+    def holds_store(cls, path: str) -> bool:
         return resolve(path).child("zarr.json").exists()
 
-    def read_provenance(self, path: str) -> dict[str, Any] | None:
+    def create(self, raw: dict[str, Any]) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _open_group(self.path, mode="a", attributes={"bertpipe": raw})
+        self._record, self._record_read = raw, True
+
+    def _read_record(self) -> dict[str, Any] | None:
         try:
-            group = _open_group(path, mode="r")
+            group = _open_group(self.path, mode="r")
         except (FileNotFoundError, ValueError, zarr.errors.GroupNotFoundError):
             return None
         prov = group.attrs.get("bertpipe")
         return dict(prov) if isinstance(prov, dict) else None
 
-    def commit(self, path: str, staging: Staging, layout: Layout,
-               provenance: dict[str, Any]) -> None:
+    def _write_record(self, raw: dict[str, Any]) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            root = self._root()
+            root.update_attributes({"bertpipe": raw})
+            zarr.consolidate_metadata(root.store)
+
+    def _sealed(self, raw: dict[str, Any], version: int) -> dict[str, Any]:
+        """The arrays are described first (that changes their zarr.json), then sealed."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _describe(_version_group(self._root(), version), raw)
+        return super()._sealed(raw, version)
+
+    def _root(self) -> Any:
+        """The root group, writable (writers see groups added since the last consolidation)."""
+        return _open_group(self.path, mode="a", use_consolidated=False)
+
+    def _group(self, writable: bool = False) -> Any:
+        """The current version's group (the root for version 0), opened so that every
+        recorded file is checked as it is read."""
+        store = VerifiedStore(zarr_store(self.path, read_only=not writable),
+                              self.recorded_checksums(), self.path)
+        if writable:
+            root = zarr.open_group(store, mode="a", use_consolidated=False)
+        else:
+            root = zarr.open_group(store, mode="r")
+        return _version_group(root, version_of(self.record()))
+
+    def _prefix(self) -> str:
+        return version_prefix(version_of(self.record()))
+
+    # ---- writing a version -----------------------------------------------------------
+
+    def _version_target(self, version: int) -> Any:
+        root = self._root()
+        if version == 0:
+            return root
+        self.location.child(version_prefix(version)).remove_tree()  # a killed update's
+        return root.require_group(VERSIONS_DIR).require_group(str(version))
+
+    def _write_level(self, target: Any, level: StagedLevel, raw: dict[str, Any] | None
+                     ) -> None:
+        parts = level.parts
+        if level.name == "tokens":
+            parts = (t.drop_columns(TOKEN_FIELDS_NOT_STORED) for t in parts)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # string arrays: zarr warns the vlen spec is young
-            root = _open_group(path, mode="a", use_consolidated=False)
-            for level, n in (("docs", layout.n_docs), ("chunks", layout.n_chunks)):
-                if level == "chunks" and not layout.has_chunks:
-                    continue
-                files = [staging.part(i, level) for i in layout.indices]
-                columns = StoredColumns.from_metadata(staging.part_schemas(level,
-                                                                           layout.indices))
-                parts = staging.read_parts(level, layout.indices)
-                if level == "docs":
-                    parts = with_store_token_offsets(parts)
-                _write_level(root, level, parts, n, columns, columns.string_widths(files))
-            if layout.has_tokens:
-                _write_tokens(root, staging, layout)
-        self.update_provenance(path, provenance)
+            _write_level(target, level.name, parts, level.rows, level.columns,
+                         level.columns.string_widths(level.files))
 
-    def open_datasets(self, path: str, provenance: dict[str, Any] | None = None
-                      ) -> tuple[xr.Dataset, xr.Dataset | None]:
-        root = _verified_group(path, provenance=provenance)
-        docs = _dataset(root["docs"], {}, f"{path}: docs")
+    def _write_version_params(self, target: Any, name: str,
+                              params: dict[str, np.ndarray]) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _write_params(target, name, params)
+
+    def _switch(self, version: int, raw: dict[str, Any], previous: int) -> None:
+        # the switch: the root attribute names the new version (zarr writes the file by
+        # rename, so a reader sees the old document or the new one, never a mix; until
+        # the metadata is consolidated again, readers read each node's own document)
+        raw = self._sealed(raw, version)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self._root().update_attributes({"bertpipe": raw})
+        self._record, self._record_read = raw, True
+        if previous != version:
+            self._retire(previous)
+        _consolidate(self.path)
+
+    def _retire(self, version: int) -> None:
+        """No new reader can open `version` (its metadata documents go); readers that
+        opened it keep their chunks until `drop_retired`."""
+        for name in DATA_DIRS:
+            folder = Path(self.path) / version_prefix(version) / name
+            if folder.is_dir():
+                _remove_metadata(folder)
+
+    def recover(self) -> None:
+        """Nothing to finish: the switch is one write of the root attribute."""
+
+    def drop_retired(self) -> None:
+        root = Path(self.path)
+        current = version_of(self.record())
+        doomed = [root / name for name in DATA_DIRS] if current else []
+        versions = root / VERSIONS_DIR
+        if versions.is_dir():
+            doomed += [p for p in versions.iterdir() if p.is_dir() and p.name != str(current)]
+        removed = False
+        for folder in doomed:
+            if folder.is_dir():
+                shutil.rmtree(folder)
+                removed = True
+        if removed:
+            # why: consolidated metadata naming a removed array would read as fill values
+            _consolidate(self.path)
+
+    # ---- reading ---------------------------------------------------------------------
+
+    def open_datasets(self) -> tuple[xr.Dataset, xr.Dataset | None]:
+        root = self._group()
+        docs = _dataset(root["docs"], {}, f"{self.path}: docs")
         if "ids" in root:  # stores written before the ids moved into docs/
-            docs = docs.assign_coords(id=("doc", _lazy(root["ids"], f"{path}: ids")))
+            docs = docs.assign_coords(id=("doc", _lazy(root["ids"], f"{self.path}: ids")))
         if "id" in docs.dims:  # on disk the ids are the dimension; in the package it is `doc`
             docs = docs.rename_dims(id="doc")
         docs = docs.set_coords("id")
         # views being written by postprocess live under a temporary dot-name until done
         docs = docs.drop_vars([v for v in docs.data_vars if str(v).startswith(".")])
-        chunks = _dataset(root["chunks"], {}, f"{path}: chunks") if "chunks" in root else None
+        chunks = _dataset(root["chunks"], {}, f"{self.path}: chunks") \
+            if "chunks" in root else None
         return docs, chunks
 
-    def open_tokens(self, path: str, provenance: dict[str, Any] | None = None
-                    ) -> xr.Dataset | None:
-        root = _verified_group(path, provenance=provenance)
-        return _dataset(root["tokens"], {}, f"{path}: tokens") if "tokens" in root else None
+    def open_tokens(self) -> xr.Dataset | None:
+        root = self._group()
+        return _dataset(root["tokens"], {}, f"{self.path}: tokens") if "tokens" in root else None
 
-    def add_view(self, path: str, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
+    def read_params(self, name: str) -> dict[str, np.ndarray]:
+        group = self._group()["post"][name]
+        return {key: np.asarray(array[...]) for key, array in group.arrays()}
+
+    def _files_of(self, version: int) -> list[str]:
+        """Every file of the arrays (chunks and array metadata), as store-relative keys;
+        dot-names (a view still being written) are not data yet."""
+        prefix = version_prefix(version)
+        files = []
+        for top in DATA_DIRS:
+            for rel in self.location.child(prefix + top).files():
+                if not any(p.startswith(".") for p in rel.split("/")):
+                    files.append(f"{prefix}{top}/{rel}")
+        return files
+
+    def file_sum(self, rel: str) -> FileSum | None:
+        return file_sum(self.location.child(rel))
+
+    def checked_size(self, rel: str) -> int | None:
+        return self.location.child(rel).size()
+
+    def row_counts(self) -> dict[str, tuple[str, int]]:
+        root: Any = _version_group(_open_group(self.path, mode="r"), version_of(self.record()))
+        counts = {"ids": ("docs", int(root["ids"].shape[0]))} if "ids" in root else {}
+        for level in ("docs", "chunks"):
+            if level in root:
+                for name, array in root[level].arrays():
+                    if not name.startswith("."):
+                        counts[f"{level}/{name}"] = (level, int(array.shape[0]))
+        return counts
+
+    # ---- post-processed views --------------------------------------------------------
+
+    def add_view(self, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
                  levels: Sequence[str]) -> None:
         """Write `name` = fn(`source`) block by block at each level, beside the source.
 
@@ -389,7 +474,7 @@ class ZarrFormat:
         """
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            root = _verified_group(path, writable=True)
+            root = self._group(writable=True)
             for level in levels:
                 group = root[level]
                 src = group[source]
@@ -407,130 +492,14 @@ class ZarrFormat:
                             dimension_names=(src.metadata.dimension_names[0], f"{name}_dim"),
                             overwrite=True)
                     out[start : start + len(block)] = block
-                _move_array(resolve(path).child(_current_prefix(path) + level), tmp_name, name)
+                _move_array(self.location.child(self._prefix() + level), tmp_name, name)
 
-    def write_params(self, path: str, name: str, params: dict[str, np.ndarray]) -> None:
+    def write_params(self, name: str, params: dict[str, np.ndarray]) -> None:
+        prefix = self._prefix()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            root: Any = _open_group(path, mode="a", use_consolidated=False)
-            prefix = _current_prefix(path)
+            root = self._root()
             _write_params(root[prefix.rstrip("/")] if prefix else root, name, params)
-
-    def read_params(self, path: str, name: str) -> dict[str, np.ndarray]:
-        group = _verified_group(path)["post"][name]
-        return {key: np.asarray(array[...]) for key, array in group.arrays()}
-
-    def update_provenance(self, path: str, provenance: dict[str, Any]) -> None:
-        """Write the provenance; a complete one is sealed with every data file's checksum."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            root = _open_group(path, mode="a", use_consolidated=False)
-            if is_complete(provenance):
-                provenance = self._sealed(path, root, provenance)
-            root.update_attributes({"bertpipe": provenance})
-            zarr.consolidate_metadata(root.store)
-
-    def _sealed(self, path: str, root: Any, provenance: dict[str, Any]) -> dict[str, Any]:
-        """`provenance` with the checksum of every file of the version it names; the
-        arrays are described first (that changes their zarr.json)."""
-        version = version_of(provenance)
-        _describe(_version_group(root, version), provenance)
-        return sealed(provenance, {rel: sum_ for rel in self._files_of(path, version)
-                                   if (sum_ := self.file_sum(path, rel))})
-
-    def data_files(self, path: str) -> list[str]:
-        """Every file of the arrays (chunks and array metadata), as store-relative keys;
-        dot-names (a view still being written) are not data yet."""
-        return self._files_of(path, version_of(self.read_provenance(path)))
-
-    def _files_of(self, path: str, version: int) -> list[str]:
-        root = resolve(path)
-        prefix = version_prefix(version)
-        files = []
-        for top in DATA_DIRS:
-            for rel in root.child(prefix + top).files():
-                if not any(p.startswith(".") for p in rel.split("/")):
-                    files.append(f"{prefix}{top}/{rel}")
-        return files
-
-    def file_sum(self, path: str, rel: str) -> FileSum | None:
-        return file_sum(resolve(path).child(rel))
-
-    def checked_size(self, path: str, rel: str) -> int | None:
-        return resolve(path).child(rel).size()
-
-    def row_counts(self, path: str) -> dict[str, tuple[str, int]]:
-        root: Any = _version_group(_open_group(path, mode="r"),
-                                   version_of(self.read_provenance(path)))
-        counts = {"ids": ("docs", int(root["ids"].shape[0]))} if "ids" in root else {}
-        for level in ("docs", "chunks"):
-            if level in root:
-                for name, array in root[level].arrays():
-                    if not name.startswith("."):
-                        counts[f"{level}/{name}"] = (level, int(array.shape[0]))
-        return counts
-
-    def write_version(self, path: str, version: int, staging: Staging, layout: Layout,
-                      params: dict[str, dict[str, np.ndarray]]) -> None:
-        folder = Path(path) / version_prefix(version)
-        shutil.rmtree(folder, ignore_errors=True)  # what a killed update left of it
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            root = zarr.open_group(path, mode="a", use_consolidated=False)
-            target = root.require_group(VERSIONS_DIR).require_group(str(version))
-            for level, n in (("docs", layout.n_docs), ("chunks", layout.n_chunks)):
-                if level == "chunks" and not layout.has_chunks:
-                    continue
-                files = [staging.part_path(i, level) for i in layout.indices]
-                columns = StoredColumns.from_parts(files)
-                _write_level(target, level, staging.read_parts(level, layout.indices), n,
-                             columns, columns.string_widths(files))
-            for name, values in params.items():
-                _write_params(target, name, values)
-
-    def publish(self, path: str, version: int, provenance: dict[str, Any]) -> None:
-        if version_of(provenance) != version or not is_complete(provenance):
-            raise ValueError(f"publish: the provenance must be complete and name version "
-                             f"{version}")
-        previous = version_of(self.read_provenance(path))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            root = zarr.open_group(path, mode="a", use_consolidated=False)
-            provenance = self._sealed(path, root, provenance)
-            # the switch: the root attribute names the new version (zarr writes the file by
-            # rename, so a reader sees the old document or the new one, never a mix; until
-            # the metadata is consolidated again, readers read each node's own document)
-            root.update_attributes({"bertpipe": provenance})
-        if previous != version:
-            self._retire(Path(path), previous)
-        _consolidate(path)
-
-    def _retire(self, root: Path, version: int) -> None:
-        """No new reader can open `version` (its metadata documents go); readers that
-        opened it keep their chunks until `drop_retired`."""
-        for name in DATA_DIRS:
-            folder = root / version_prefix(version) / name
-            if folder.is_dir():
-                _remove_metadata(folder)
-
-    def recover(self, path: str) -> None:
-        """Nothing to finish: the switch is one write of the root attribute."""
-
-    def drop_retired(self, path: str) -> None:
-        root = Path(path)
-        current = version_of(self.read_provenance(path))
-        doomed = [root / name for name in DATA_DIRS] if current else []
-        versions = root / VERSIONS_DIR
-        if versions.is_dir():
-            doomed += [p for p in versions.iterdir() if p.is_dir() and p.name != str(current)]
-        removed = False
-        for folder in doomed:
-            if folder.is_dir():
-                shutil.rmtree(folder)
-                removed = True
-        if removed:
-            # why: consolidated metadata naming a removed array would read as fill values
-            _consolidate(path)
 
 
 def _write_params(group: Any, name: str, params: dict[str, np.ndarray]) -> None:
