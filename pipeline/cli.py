@@ -398,6 +398,29 @@ def verify(store_path: str) -> None:
 
 @main.command()
 @click.argument("store_path", type=click.Path())
+@click.option("--keep", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Versions to keep readable, the current one included.")
+@_user_errors
+def gc(store_path: str, keep: int) -> None:
+    """Reclaim the space of store versions no longer kept.
+
+    An Icechunk store keeps every version readable until this expires it (`inspect`
+    lists them); what no kept version uses is deleted. A Zarr or Parquet store keeps its
+    current version only: what is left of a retired one is removed. Takes the store's
+    lock (refused while a run writes it).
+
+    \b
+    Examples:
+      bertpipe gc out/reviews.icechunk --keep 7
+      bertpipe gc out/reviews.zarr
+    """
+    from .run.gc import collect_garbage
+
+    click.echo(collect_garbage(store_path, keep).line())
+
+
+@main.command()
+@click.argument("store_path", type=click.Path())
 @click.option("--view", required=True, help="The view to fit on.")
 @click.option("--method", required=True, type=click.Choice(["center", "whiten", "abtt"]),
               help="center: subtract the mean; whiten: decorrelate to unit variance; abtt: "

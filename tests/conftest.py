@@ -294,6 +294,21 @@ def synthetic_store(path: Path, informative_layer: int = 2, seed: int = 0,
     return pipeline.open_store(path)
 
 
+def plain_docs(store: str | Path, version_snapshot: str | None = None) -> Any:
+    """The docs level of a Zarr or Icechunk store as plain xarray opens it, without
+    bertpipe (the lines docs/store.md gives analysts)."""
+    import xarray as xr
+
+    if not (Path(store) / "repo").is_dir():
+        return xr.open_zarr(str(store), group="docs")
+    import icechunk
+
+    repo = icechunk.Repository.open(icechunk.local_filesystem_storage(f"{store}/repo"))
+    session = repo.readonly_session(snapshot_id=version_snapshot) if version_snapshot \
+        else repo.readonly_session(branch="main")
+    return xr.open_zarr(session.store, group="docs", consolidated=False)
+
+
 def chromium() -> str:
     """Debian's chromium for rendering HTML reports; the test skips, saying why, without it."""
     import shutil

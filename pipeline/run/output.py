@@ -309,13 +309,15 @@ class OutputSession:
                 log.warning("%s: kept entries that are not the store's: %s", self.location,
                             contents.describe_foreign())
         self.made_store = self.made_store or action in ("create", "replace")
-        # run.json first: a store is never seen without what a resume must match
+        if action in ("create", "replace"):
+            # first (an Icechunk repository is made only in a clean folder); its record
+            # names the fingerprint a resume must match, so the store is never seen
+            # without it
+            store_at(self.location.url, job.output.format).create(
+                {"complete": False, "run_fingerprint": plan.fingerprint})
         staging.begin({"run_fingerprint": plan.fingerprint, "job": job.to_dict(),
                        "partition_rows": plan.partition_rows,
                        "input_identity": [asdict(f) for f in plan.identity]})
-        if action in ("create", "replace"):
-            store_at(self.location.url, job.output.format).create(
-                {"complete": False, "run_fingerprint": plan.fingerprint})
         return staging
 
     def _remove_made_dirs(self) -> None:

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..errors import StoreError
 from ..io.location import Location, resolve
 from .columns import StoredColumns
 from .provenance import FileSum, Provenance, is_complete, recorded_checksums, sealed, version_of
@@ -110,6 +111,21 @@ class StoreFormat(ABC):
 
     def provenance(self) -> Provenance:
         return Provenance.from_dict(self.record() or {}, self.path)
+
+    # ---- versions ----------------------------------------------------------------------
+
+    def version_numbers(self) -> list[int]:
+        """The versions a reader can open, newest first: the current one only, in a format
+        that keeps one version (a retired one stays only for the readers that opened it)."""
+        return [version_of(self.record())]
+
+    def at_version(self, version: int) -> StoreFormat:
+        """A handle on `version` of this store, read only."""
+        if version in self.version_numbers():
+            return self
+        raise StoreError(f"{self.path}: no version {version}: a {self.name} store keeps its "
+                         f"current version ({version_of(self.record())}) only; the icechunk "
+                         "format keeps earlier versions")
 
     def write_record(self, raw: dict[str, Any]) -> None:
         """Store `raw` as the provenance; a complete one is sealed first with the checksum

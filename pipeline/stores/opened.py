@@ -73,23 +73,27 @@ class StoreData:
 
 
 def open_store_data(path: str | Path, require_complete: bool = True,
-                    storage_options: dict[str, Any] | None = None) -> StoreData:
-    """Open a bertpipe store (Zarr or Parquet) lazily; incomplete ones are refused. `path`
-    may be an fsspec URL (`s3://bucket/out/reviews.zarr`); `storage_options` go over what
-    the environment gives (a string `${NAME}` is read from the environment)."""
+                    storage_options: dict[str, Any] | None = None,
+                    version: int | None = None) -> StoreData:
+    """Open a bertpipe store lazily; incomplete ones are refused. `path` may be an fsspec
+    URL (`s3://bucket/out/reviews.zarr`); `storage_options` go over what the environment
+    gives (a string `${NAME}` is read from the environment). `version`: an earlier version
+    the store keeps (the icechunk format), else the current one."""
     path = str(path)
     if storage_options is not None:
         register_options(path, storage_options)
     with storage_errors(path, "store", StoreError):
-        return _open(path, require_complete)
+        return _open(path, require_complete, version)
 
 
-def _open(path: str, require_complete: bool) -> StoreData:
+def _open(path: str, require_complete: bool, version: int | None = None) -> StoreData:
     location = resolve(path)
     path = path if location.local else location.url
     if not location.exists():
         raise StoreError(f"{path}: no such store")
     fmt = detect_format(path)
+    if version is not None:
+        fmt = fmt.at_version(version)
     raw = fmt.record() or {}
     if require_complete and not raw.get("complete"):
         raise StoreError(f"{path}: store is incomplete (its job has not finished; rerun it "

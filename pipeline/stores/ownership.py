@@ -2,9 +2,10 @@
 
 A folder (or an object-store prefix) is a bertpipe store, complete or not, when its
 `zarr.json` carries a `bertpipe` attribute, its `docs/part-0.parquet` carries `bertpipe`
-metadata, or it holds the staging area `_bertpipe/run.json` of a run. Its own entries are
-the format's files and folders; any other entry is the user's and is never removed (on an
-object store: no key outside `<store>/<own entry>/` is ever deleted).
+metadata, its Icechunk repository's head carries `bertpipe` attributes, or it holds the
+staging area `_bertpipe/run.json` of a run. Its own entries are the format's files and
+folders; any other entry is the user's and is never removed (on an object store: no key
+outside `<store>/<own entry>/` is ever deleted).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ OWN_ENTRIES = {
     "zarr": {"zarr.json", "ids", "docs", "chunks", "tokens", "post", "index", "versions",
              STAGING_DIR},
     "parquet": {"docs", "chunks", "tokens", "post", "index", STAGING_DIR},
+    "icechunk": {"repo", "index", STAGING_DIR},
 }
 # files a run leaves while it writes: parquet parts before their rename (the tokens folder
 # too), the lock, its take-over claims and their temporaries
@@ -103,6 +105,8 @@ def store_format(root: str | Path | Location) -> str | None:
         return "zarr"
     if _parquet_is_ours(root.child("docs", "part-0.parquet")):
         return "parquet"
+    if _icechunk_is_ours(root):
+        return "icechunk"
     run = _read_json(root.child(STAGING_DIR, "run.json"))
     if run and run.get("run_fingerprint"):
         fmt = (run.get("job") or {}).get("output", {}).get("format")
@@ -121,6 +125,15 @@ def remove_store(contents: Contents) -> None:
 def _zarr_is_ours(file: Location) -> bool:
     raw = _read_json(file) or {}
     return isinstance((raw.get("attributes") or {}).get("bertpipe"), dict)
+
+
+def _icechunk_is_ours(root: Location) -> bool:
+    """An Icechunk repository whose branch head carries bertpipe's provenance."""
+    from .icechunk_store import IcechunkFormat, is_repository  # why here: only if met
+
+    if not is_repository(root):
+        return False
+    return IcechunkFormat(root.url if not root.local else root.path).record() is not None
 
 
 def _parquet_is_ours(file: Location) -> bool:

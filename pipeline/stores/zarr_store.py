@@ -98,15 +98,15 @@ def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int
     group = root.require_group(level)
     arrays: dict[str, zarr.Array] = {}
     offset = 0
-    for table in _chunk_aligned((columns.conform(t) for t in parts), _chunk_rows(n)):
+    for table in chunk_aligned((columns.conform(t) for t in parts), _chunk_rows(n)):
         for name in table.column_names:
             if name == "row":
                 continue
-            values = _numpy(columns, name, table.column(name))
+            values = column_values(columns, name, table.column(name))
             if name in widths:
                 values = values.astype(f"<U{widths[name]}")
             if name not in arrays:
-                arrays[name] = _create(group, name, values, n, dim)
+                arrays[name] = create_array(group, name, values, n, dim)
                 if attributes := columns.zarr_attributes(name):
                     arrays[name].update_attributes(attributes)
             arrays[name][offset : offset + table.num_rows] = values
@@ -114,11 +114,11 @@ def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int
 
 
 def _chunk_rows(n: int) -> int:
-    """Rows per chunk of a level's arrays of `n` rows (see `_create`)."""
+    """Rows per chunk of a level's arrays of `n` rows (see `create_array`)."""
     return min(ROWS_PER_CHUNK, max(n, 1))
 
 
-def _chunk_aligned(tables: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
+def chunk_aligned(tables: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
     """The same rows in blocks that start and end on chunk boundaries (the last may end
     short). Why: a write that covers part of a chunk makes Zarr read the chunk back,
     merge and write it again; on an object store that is a GET and a PUT per partition
@@ -140,20 +140,21 @@ def _chunk_aligned(tables: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
         yield pa.concat_tables(pending)
 
 
-def _create(group: zarr.Group, name: str, sample: np.ndarray, n: int, dim: str) -> zarr.Array:
+def create_array(group: zarr.Group, name: str, sample: np.ndarray, n: int, dim: str,
+            rows_per_chunk: int | None = None) -> zarr.Array:
     shape = (n, *sample.shape[1:])
     dims = (dim,) if sample.ndim == 1 else (dim, f"{name}_dim")
     dtype: Any = str if sample.dtype.kind in "OT" else sample.dtype
     # why NaN: a chunk that is missing must never read as zero vectors
     fill = np.nan if sample.dtype.kind == "f" else None
     return group.create_array(
-        name, shape=shape, dtype=dtype, chunks=(_chunk_rows(n), *shape[1:]),
+        name, shape=shape, dtype=dtype, chunks=(rows_per_chunk or _chunk_rows(n), *shape[1:]),
         compressors=None if dtype is str else COMPRESSOR, dimension_names=dims, overwrite=True,
         fill_value=fill,
     )
 
 
-def _numpy(columns: StoredColumns, name: str, column: pa.ChunkedArray) -> np.ndarray:
+def column_values(columns: StoredColumns, name: str, column: pa.ChunkedArray) -> np.ndarray:
     if pa.types.is_fixed_size_list(column.type):
         return column_matrix(column)
     return columns.zarr_values(name, column)
@@ -177,7 +178,7 @@ def _lazy(array: Any, label: str) -> da.Array:
     return data.map_blocks(strings_as_objects, missing=missing, dtype=object)
 
 
-def _describe(root: Any, provenance: dict[str, Any]) -> None:
+def describe_arrays(root: Any, provenance: dict[str, Any]) -> None:
     """Attributes that make each group readable on its own (`xr.open_zarr(p, group="docs")`):
     the group's description, and on each view what it is (layers, combine, pooling, model,
     dtype; a post-processed view's method and source)."""
@@ -326,7 +327,7 @@ class ZarrFormat(StoreFormat):
         """The arrays are described first (that changes their zarr.json), then sealed."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _describe(_version_group(self._root(), version), raw)
+            describe_arrays(_version_group(self._root(), version), raw)
         return super()._sealed(raw, version)
 
     def _root(self) -> Any:
@@ -370,7 +371,7 @@ class ZarrFormat(StoreFormat):
                               params: dict[str, np.ndarray]) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _write_params(target, name, params)
+            write_params_group(target, name, params)
 
     def _switch(self, version: int, raw: dict[str, Any], previous: int) -> None:
         # the switch: the root attribute names the new version (zarr writes the file by
@@ -499,10 +500,10 @@ class ZarrFormat(StoreFormat):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             root = self._root()
-            _write_params(root[prefix.rstrip("/")] if prefix else root, name, params)
+            write_params_group(root[prefix.rstrip("/")] if prefix else root, name, params)
 
 
-def _write_params(group: Any, name: str, params: dict[str, np.ndarray]) -> None:
+def write_params_group(group: Any, name: str, params: dict[str, np.ndarray]) -> None:
     post = group.require_group("post").require_group(name)
     for key, value in params.items():
         dims = tuple(f"{name}_{key}_{i}" for i in range(value.ndim))

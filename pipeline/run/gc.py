@@ -1,0 +1,59 @@
+"""`bertpipe gc`: reclaim what only expired store versions use, under the store's lock.
+
+An Icechunk store keeps every version readable (`open_store(path, version=k)`) until it is
+expired here: the snapshots before the `keep` newest versions are expired and the chunks,
+manifests and snapshots that no kept version uses are deleted (Icechunk's own expiry and
+garbage collection). A plain Zarr or Parquet store keeps its current version only; what
+is left of a retired one (kept for the readers that opened it) is removed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import OptionError, StoreError
+from ..stores import detect_format
+from ..stores.icechunk_store import IcechunkFormat
+from ..stores.ownership import inspect_output
+from .output import OutputSession
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What `gc` did: the versions expired and kept, the bytes freed (Icechunk only)."""
+
+    path: str
+    expired: list[int]
+    kept: list[int]
+    bytes_freed: int
+
+    def line(self) -> str:
+        if not self.expired:
+            return f"{self.path}: nothing to expire (versions kept: {_listed(self.kept)})"
+        return (f"{self.path}: expired versions {_listed(self.expired)}, freed "
+                f"{self.bytes_freed / 1e6:.1f} MB; versions kept: {_listed(self.kept)}")
+
+
+def collect_garbage(path: str, keep: int, say: Callable[[str], None] = log.warning
+                    ) -> Collected:
+    """Keep the `keep` newest versions of the store at `path`; reclaim the rest."""
+    if keep < 1:
+        raise OptionError(f"--keep: {keep} is out of range (at least 1: the current version)")
+    if inspect_output(path).state != "store":
+        raise StoreError(f"{path}: not a bertpipe store")
+    with OutputSession(path, "gc", say) as output:
+        fmt = detect_format(path)
+        output.confirm("expire versions")
+        if isinstance(fmt, IcechunkFormat):
+            expired, freed = fmt.gc(keep)
+            return Collected(path, expired, fmt.version_numbers(), freed)
+        fmt.drop_retired()
+        return Collected(path, [], fmt.version_numbers(), 0)
+
+
+def _listed(versions: list[int]) -> str:
+    return ", ".join(str(v) for v in sorted(versions)) or "none"
