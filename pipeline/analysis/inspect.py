@@ -60,6 +60,10 @@ def _history_lines(store: Store) -> list[str]:
     flagged = _flagged(store)
     lines = [f"version    {prov.version}" + (f"; {flagged} rows flagged present=false (ids "
                                                 "gone from the input)" if flagged else "")]
+    readable = store.fmt.version_numbers()
+    if len(readable) > 1:
+        lines.append(f"{' ' * 11}versions kept: {', '.join(map(str, readable))} "
+                     "(open_store(path, version=k); bertpipe gc --keep N reclaims the rest)")
     for i, run in enumerate(prov.history):
         head = "history    " if i == 0 else " " * 11
         what = f"{run.added} added"
@@ -203,6 +207,7 @@ def store_facts(store: Store) -> dict[str, Any]:
                   "weights_sha256": prov.model.weights_sha256},
         "device": prov.device, "dtype": prov.dtype, "created": prov.created,
         "versions": prov.versions, "stats": prov.stats,
-        "version": prov.version, "flagged_gone": _flagged(store),
+        "version": prov.version, "readable_versions": store.fmt.version_numbers(),
+        "flagged_gone": _flagged(store),
         "history": [dataclasses.asdict(run) for run in prov.history],
     }

@@ -1,0 +1,174 @@
+"""The icechunk format: a versioned store whose updates write only what changed.
+
+Oracles: the plain Zarr format's store of the same job (same encoder, so the same bytes of
+vectors), Icechunk's own diff of two snapshots (which chunks a commit wrote), and plain
+xarray on an Icechunk session (what an analyst without bertpipe opens).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import icechunk
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+import pipeline
+from pipeline.cli import main
+from pipeline.errors import StoreError
+from pipeline.run.runner import run_job
+from pipeline.spec import Job
+from pipeline.stores import detect_format, icechunk_store
+from pipeline.stores.verify import verify_store
+from tests.conftest import REVIEWS, job_dict, plain_docs
+
+
+def _texts(n: int) -> list[str]:
+    texts = pq.read_table(REVIEWS).column("text").to_pylist()
+    return [f"{texts[i % len(texts)]} ({i})" for i in range(n)]  # distinct
+
+
+def _input(path: Path, texts: list[str]) -> Path:
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(len(texts))], "text": texts}),
+                   path)
+    return path
+
+
+def _job(tmp_path: Path, model: Path, source: Path, fmt: str = "icechunk",
+         name: str = "o", **output: Any) -> Job:
+    return Job.from_dict(job_dict(source, model, tmp_path / f"{name}.{fmt}",
+                                  output={"format": fmt, **output},
+                                  chunking={"strategy": "hierarchical", "max_tokens": 16,
+                                            "overlap": 4}))
+
+
+def _repository(store: Path) -> icechunk.Repository:
+    return icechunk.Repository.open(icechunk.local_filesystem_storage(str(store / "repo")))
+
+
+def test_full_run_equals_the_zarr_format_and_opens_without_bertpipe(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    source = _input(tmp_path / "in.parquet", _texts(40))
+    ice, plain = _job(tmp_path, tiny_bert, source), _job(tmp_path, tiny_bert, source, "zarr")
+    run_job(ice)
+    run_job(plain)
+    a, b = pipeline.open_store(ice.output.path), pipeline.open_store(plain.output.path)
+    assert a.format == "icechunk" and a.provenance.complete and a.provenance.version == 0
+    for view in ("mean", "cls"):
+        np.testing.assert_array_equal(a.vectors(view), b.vectors(view))
+        np.testing.assert_array_equal(a.vectors(view, "chunks"), b.vectors(view, "chunks"))
+    np.testing.assert_array_equal(a.docs["id"].values, b.docs["id"].values)
+    assert verify_store(ice.output.path) == []
+    docs = plain_docs(ice.output.path)  # xarray on an Icechunk session, no bertpipe
+    np.testing.assert_array_equal(docs["mean"].values, b.vectors("mean"))
+    assert docs["mean"].attrs["pooling"] == "mean"
+    facts = json.loads(CliRunner().invoke(main, ["inspect", ice.output.path, "--json"]).stdout)
+    assert facts["format"] == "icechunk" and facts["readable_versions"] == [0]
+
+
+def test_an_update_writes_only_the_chunks_that_changed(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """160 rows in chunks of 16; one text changed (row 37: chunk 2) and 4 rows added
+    (rows 160-163: a new chunk 10). The commit writes chunks 2 and 10 of the docs arrays
+    and nothing else, and the result equals a run from scratch."""
+    monkeypatch.setattr(icechunk_store, "ICECHUNK_ROWS_PER_CHUNK", 16)
+    texts = _texts(164)
+    source = _input(tmp_path / "in.parquet", texts[:160])
+    job = _job(tmp_path, tiny_bert, source, incremental=True)
+    run_job(job)
+    texts[37] = "a text that changed overnight"
+    _input(source, texts)
+    summary = run_job(job, incremental=True)
+    assert (summary.added, summary.replaced, summary.encoded) == (4, 1, 5)
+    v1, v0 = detect_format(job.output.path).versions()
+    diff = _repository(Path(job.output.path)).diff(from_snapshot_id=v0.snapshot,
+                                                   to_snapshot_id=v1.snapshot)
+    touched = {path: {coords[0] for coords in chunks}
+               for path, chunks in diff.updated_chunks.items() if path.startswith("/docs/")}
+    assert touched["/docs/mean"] == {2, 10} and touched["/docs/cls"] == {2, 10}
+    assert touched["/docs/id"] == {10}  # ids of kept rows never move
+    assert all(chunks <= {2, 10} for chunks in touched.values()), touched
+    scratch = _job(tmp_path, tiny_bert, source, name="scratch")
+    run_job(scratch)
+    now, fresh = pipeline.open_store(job.output.path), pipeline.open_store(scratch.output.path)
+    for view in ("mean", "cls"):
+        np.testing.assert_allclose(now.vectors(view), fresh.vectors(view), atol=1e-5)
+        np.testing.assert_allclose(now.vectors(view, "chunks"), fresh.vectors(view, "chunks"),
+                                   atol=1e-5)
+    assert verify_store(job.output.path) == []
+
+
+def test_time_travel_and_gc(tmp_path: Path, tiny_bert: Path) -> None:
+    """Each update is a version open_store can still open, exactly as it was; gc keeps
+    the newest N and frees what only the others used."""
+    texts = _texts(60)
+    source = _input(tmp_path / "in.parquet", texts[:30])
+    job = _job(tmp_path, tiny_bert, source, incremental=True)
+    run_job(job)
+    seen = {0: pipeline.open_store(job.output.path).vectors("mean")}
+    for version, rows in ((1, 40), (2, 50), (3, 60)):
+        _input(source, texts[:rows])
+        assert run_job(job, incremental=True).version == version
+        seen[version] = pipeline.open_store(job.output.path).vectors("mean")
+    for version, vectors in seen.items():
+        np.testing.assert_array_equal(
+            pipeline.open_store(job.output.path, version=version).vectors("mean"), vectors)
+    result = CliRunner().invoke(main, ["inspect", job.output.path])
+    assert "versions kept: 3, 2, 1, 0" in result.stdout
+    size = _disk_bytes(Path(job.output.path))
+    result = CliRunner().invoke(main, ["gc", job.output.path, "--keep", "2"])
+    assert result.exit_code == 0, result.output
+    assert "expired versions 0, 1" in result.stdout and "versions kept: 2, 3" in result.stdout
+    assert _disk_bytes(Path(job.output.path)) < size
+    assert detect_format(job.output.path).version_numbers() == [3, 2]
+    with pytest.raises(StoreError, match="no version 1 \\(versions kept: 3, 2\\)"):
+        pipeline.open_store(job.output.path, version=1)
+    np.testing.assert_array_equal(pipeline.open_store(job.output.path, version=2)
+                                  .vectors("mean"), seen[2])
+    assert verify_store(job.output.path) == []
+    again = CliRunner().invoke(main, ["gc", job.output.path, "--keep", "2"])
+    assert "nothing to expire" in again.stdout
+
+
+def test_plain_formats_keep_one_version(tmp_path: Path, tiny_bert: Path) -> None:
+    source = _input(tmp_path / "in.parquet", _texts(10))
+    job = _job(tmp_path, tiny_bert, source, "zarr")
+    run_job(job)
+    with pytest.raises(StoreError, match="keeps its current version \\(0\\) only"):
+        pipeline.open_store(job.output.path, version=1)
+    assert pipeline.open_store(job.output.path, version=0).provenance.version == 0
+    result = CliRunner().invoke(main, ["gc", job.output.path])
+    assert result.exit_code == 0 and "nothing to expire" in result.stdout
+
+
+def test_a_killed_commit_leaves_the_branch_and_a_rerun_completes(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first run killed at its final commit: nothing of it is visible (the branch holds
+    the start record only) and the same command completes the store."""
+    source = _input(tmp_path / "in.parquet", _texts(20))
+    job = _job(tmp_path, tiny_bert, source)
+    original = icechunk.Session.commit
+
+    def killed(self: icechunk.Session, message: str, **kwargs: Any) -> str:
+        if "(complete)" in message:
+            raise KeyboardInterrupt
+        return original(self, message, **kwargs)
+
+    monkeypatch.setattr(icechunk.Session, "commit", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(job)
+    monkeypatch.undo()
+    assert not (detect_format(job.output.path).record() or {}).get("complete")
+    assert detect_format(job.output.path).versions() == []
+    run_job(job)
+    assert verify_store(job.output.path) == []
+    assert pipeline.open_store(job.output.path).vectors("mean").shape[0] == 20
+
+
+def _disk_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
