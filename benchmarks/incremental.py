@@ -1,7 +1,7 @@
 """Incremental update against a full run: a store of N distinct reviews, then the table
 grows by 1%.
 
-    python benchmarks/incremental.py [--rows 10000] [--grow 0.01] [--format zarr]
+    python benchmarks/incremental.py [--rows 10000] [--grow 0.01] [--format icechunk]
 
 Each step is a whole `bertpipe extract` process, as a scheduled job runs it:
 
@@ -77,7 +77,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=10000)
     ap.add_argument("--grow", type=float, default=0.01)
-    ap.add_argument("--format", default="zarr", choices=["zarr", "parquet"])
+    ap.add_argument("--format", default="icechunk", choices=["icechunk", "parquet"])
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     added = max(1, round(args.rows * args.grow))

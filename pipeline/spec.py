@@ -544,6 +544,11 @@ def check_incremental(job: Job) -> None:
     if job.output.overwrite:
         raise JobError("output.incremental: an incremental run adds to the store, "
                        "output.overwrite replaces it; choose one")
+    if job.output.format == "zarr":
+        raise JobError("output.incremental: a zarr store is written once (after an update, "
+                       "plain readers would have to find the current version's folder); for "
+                       "a store that grows use output.format: icechunk (a versioned Zarr "
+                       "store: an update writes only the chunks that changed) or parquet")
     if is_url(job.output.path):
         raise JobError("output.incremental: incremental runs update local or shared-filesystem "
                        "stores only, not object-store URLs; run the job in full (--overwrite)")

@@ -305,6 +305,29 @@ def unlock_live(w: World) -> list[Any]:
     return ["unlock", w.tmp / "o.zarr"]
 
 
+def gc_while_a_run_writes(w: World) -> list[Any]:
+    job = w.job(w.tmp / "o.icechunk", output={"format": "icechunk"})
+    assert run("extract", job).exit_code == 0
+    _fake_lock(w.tmp / "o.icechunk", pid=os.getpid())
+    return ["gc", w.tmp / "o.icechunk"]
+
+
+def gc_a_folder_that_is_no_store(w: World) -> list[Any]:
+    return ["gc", w.user_folder()]
+
+
+def gc_a_missing_path(w: World) -> list[Any]:
+    return ["gc", w.tmp / "none.icechunk"]
+
+
+def gc_keep_zero(w: World) -> list[Any]:
+    return ["gc", w.tmp / "none.icechunk", "--keep", "0"]
+
+
+def gc_keep_not_a_number(w: World) -> list[Any]:
+    return ["gc", w.tmp / "none.icechunk", "--keep", "all"]
+
+
 def model_error_leaves_nothing(w: World) -> list[Any]:
     w.model = w.tmp / "no-pooler"  # a DistilBERT: no pooler weights
     return ["extract", w.job(w.tmp / "new" / "o.zarr", views={"p": {"pooling": "pooler"}})]
@@ -402,6 +425,12 @@ TABLE = [
     Row(unlock_a_folder_that_is_no_store, 5, "thesis: not a bertpipe store (it holds figures/, "
         "thesis.tex); nothing to unlock"),
     Row(unlock_a_file, 5, "texts.parquet: not a bertpipe store; nothing to unlock"),
+    Row(gc_while_a_run_writes, 5, "o.icechunk is being written by another run (host"),
+    Row(gc_a_folder_that_is_no_store, 5, "thesis: not a bertpipe store (it holds figures/, "
+        "thesis.tex); nothing to collect"),
+    Row(gc_a_missing_path, 5, "none.icechunk: no such store"),
+    Row(gc_keep_zero, 2, "Invalid value for '--keep': 0 is not in the range x>=1"),
+    Row(gc_keep_not_a_number, 2, "Invalid value for '--keep': 'all' is not a valid integer"),
 ]
 
 

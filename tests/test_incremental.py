@@ -30,8 +30,6 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
-import xarray as xr
-import zarr
 from click.testing import CliRunner
 
 import pipeline
@@ -44,7 +42,7 @@ from pipeline.spec import Job, PostSpec
 from pipeline.stores.verify import verify_store
 from tests.conftest import REPO, REVIEWS, job_dict, plain_docs, write_job
 
-FORMATS = list(pipeline.stores.FORMATS)
+FORMATS = ["parquet", "icechunk"]  # the formats a store grows in (zarr is written once)
 BASE_ROWS, NEW_ROWS, EDITED, DELETED = 400, 150, 20, 10
 EDITED_AT = list(range(3, 400, 20))  # 20 positions of the base table
 DELETED_AT = list(range(11, 400, 40))  # 10 other positions
@@ -315,12 +313,11 @@ def test_failed_partition_and_failed_switch_leave_the_previous_version(
         versions = pipeline.stores.detect_format(job.output.path).versions()
         assert [v.version for v in versions] == [0]
     else:
-        written = (Path(job.output.path) / "versions" / "1" if fmt == "zarr" else
-                   Path(job.output.path) / "_bertpipe" / "next" / "docs" / "part-0.parquet")
+        written = Path(job.output.path) / "_bertpipe" / "next" / "docs" / "part-0.parquet"
         assert written.exists()  # written, not published
     _assert_snapshot(job.output.path, before)
     assert verify_store(job.output.path) == []  # the previous version still proves itself
-    if fmt in ("zarr", "icechunk"):  # plain xarray, too, still reads the first version
+    if fmt == "icechunk":  # plain xarray, too, still reads the first version
         plain = plain_docs(job.output.path)
         np.testing.assert_array_equal(plain["mean"].values, before["mean"])
     else:
@@ -387,15 +384,7 @@ def test_readers_see_one_version(fmt: str, tmp_path: Path,
     new = pipeline.open_store(path)
     assert new.provenance.version == 1
     assert int(new.docs.sizes["doc"]) == BASE_ROWS + NEW_ROWS
-    if fmt == "zarr":
-        with pytest.raises(KeyError, match="docs"):
-            xr.open_zarr(path, group="docs")  # retired: never the stale first version
-        plain = xr.open_zarr(path, group="versions/1/docs")
-        np.testing.assert_array_equal(plain["mean"].values, new.vectors("mean"))
-        assert plain["mean"].attrs["pooling"] == "mean" and "id" in plain.coords
-        group = zarr.open_group(path, mode="r").attrs["bertpipe"]["version"]
-        assert group == 1
-    elif fmt == "icechunk":  # the branch's head is the new version; the first stays readable
+    if fmt == "icechunk":  # the branch's head is the new version; the first stays readable
         plain = plain_docs(path)
         np.testing.assert_array_equal(plain["mean"].values, new.vectors("mean"))
         assert plain["mean"].attrs["pooling"] == "mean" and "id" in plain.coords
@@ -407,15 +396,11 @@ def test_readers_see_one_version(fmt: str, tmp_path: Path,
         np.testing.assert_allclose(np.stack(frame["mean"].to_numpy()), new.vectors("mean"))
         assert pads.dataset(Path(path) / "chunks").count_rows() == new.chunks.sizes["chunk"]
     assert verify_store(path) == []
-    # the next update removes the retired version's data; the current one stays readable
+    # the next update: Parquet keeps the current version only, Icechunk every version
     pq.write_table(pa.concat_tables([_updated(), _reviews().slice(550, 5)]),
                    job.input.path)
     assert run_job(job, incremental=True).encoded == 5
-    if fmt == "zarr":
-        assert not (Path(path) / "docs").exists()
-        assert sorted(p.name for p in (Path(path) / "versions").iterdir()
-                      if p.is_dir()) == ["1", "2"]
-    elif fmt == "icechunk":  # every version stays until `bertpipe gc` expires it
+    if fmt == "icechunk":  # every version stays until `bertpipe gc` expires it
         versions = pipeline.stores.detect_format(path).versions()
         assert [v.version for v in versions] == [2, 1, 0]
     else:
@@ -429,11 +414,11 @@ def test_readers_see_one_version(fmt: str, tmp_path: Path,
 @pytest.fixture(scope="module")
 def small_store(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path,
                 torch_one_thread: None) -> Job:
-    """A 40-row Zarr store that the refusal cases leave as they found it."""
+    """A 40-row Icechunk store that the refusal cases leave as they found it."""
     root = tmp_path_factory.mktemp("small")
     source = root / "base.parquet"
     pq.write_table(_reviews().slice(0, 40), source)
-    job = _job(tiny_bert, source, root / "store.zarr", "zarr",
+    job = _job(tiny_bert, source, root / "store.icechunk", "icechunk",
                execution={"scheduler": "synchronous", "partition_rows": 16})
     run_job(job)
     return job
@@ -497,12 +482,11 @@ def test_prune_and_overwrite_need_the_right_mode(small_store: Job) -> None:
 def test_store_without_digests_is_refused(tmp_path: Path, tiny_bert: Path) -> None:
     source = tmp_path / "in.parquet"
     pq.write_table(_reviews().slice(0, 10), source)
-    job = _job(tiny_bert, source, tmp_path / "old.zarr", "zarr")
+    job = _job(tiny_bert, source, tmp_path / "old.icechunk", "icechunk")
     run_job(job)
     # as an older bertpipe wrote it: no text digests (checksums sealed again without them)
-    root = zarr.open_group(job.output.path, mode="a", use_consolidated=False)
-    del root["docs"]["text_sha256"]
     fmt = pipeline.stores.detect_format(job.output.path)
+    del fmt._root()["docs"]["text_sha256"]
     fmt.write_record(fmt.record() or {})
     pq.write_table(_reviews().slice(0, 12), source)
     with pytest.raises(StoreError, match="without text digests.*--overwrite"):
@@ -543,7 +527,7 @@ def test_the_fall_back_to_a_full_run_hashes_the_weights_once(
     monkeypatch.setattr(model_module, "sha256_file", counting)
     source = tmp_path / "in.parquet"
     pq.write_table(_reviews().slice(0, 8), source)
-    job = _job(tiny_bert, source, tmp_path / "new.zarr", "zarr")
+    job = _job(tiny_bert, source, tmp_path / "new.icechunk", "icechunk")
     summary = run_job(job, incremental=True)
     assert not summary.incremental and summary.encoded == 8
     weights = sorted(p.name for p in tiny_bert.iterdir() if p.suffix == ".safetensors")
@@ -631,7 +615,8 @@ def test_post_processed_views_keep_their_fit(fmt: str, tmp_path: Path, tiny_bert
 def test_command_line_update_and_inspect(tmp_path: Path, tiny_bert: Path) -> None:
     source = tmp_path / "in.parquet"
     pq.write_table(_reviews().slice(0, 30), source)
-    job = job_dict(source, tiny_bert, tmp_path / "cli.zarr", input={"carry_columns": ["label"]},
+    job = job_dict(source, tiny_bert, tmp_path / "cli.icechunk",
+                   input={"carry_columns": ["label"]}, output={"format": "icechunk"},
                    chunking={"strategy": "hierarchical", "max_tokens": 48})
     job_file = write_job(tmp_path / "job.yaml", job)
     assert CliRunner().invoke(main, ["extract", str(job_file)]).exit_code == 0
@@ -642,7 +627,7 @@ def test_command_line_update_and_inspect(tmp_path: Path, tiny_bert: Path) -> Non
            "(removed)" in result.stdout
     assert "incremental: 5 new, 0 changed, 28 unchanged, 2 gone; 5 texts to encode" \
         in result.stderr
-    shown = CliRunner().invoke(main, ["inspect", str(tmp_path / "cli.zarr")]).stdout
+    shown = CliRunner().invoke(main, ["inspect", str(tmp_path / "cli.icechunk")]).stdout
     assert "version    1" in shown
     assert "full        v0  30 rows: 30 added; encoded 30 (0 copied)" in shown
     assert "incremental v1  33 rows: 5 added, 0 replaced, 28 unchanged, 2 gone (pruned)" \
@@ -674,7 +659,7 @@ def test_sigkill_during_update(tmp_path: Path, base_stores: dict[str, Job],
                                scratch: dict[str, Path]) -> None:
     """SIGKILL while the delta is being encoded: the store opens as before; the rerun
     takes over the dead run's lock on its own and resumes to the right store."""
-    job = _base_store(tmp_path, base_stores, "zarr")
+    job = _base_store(tmp_path, base_stores, "icechunk")
     before = _snapshot(job.output.path)
     raw = job.to_dict()
     raw["execution"]["partition_rows"] = 4  # many small partitions: time to kill mid-way
@@ -699,8 +684,8 @@ def test_sigkill_during_update(tmp_path: Path, base_stores: dict[str, Job],
     assert "no longer running" in pipeline.open_store(job.output.path).provenance.history[-1] \
         .took_over_lock
     assert summary.skipped >= 1 and summary.encoded == NEW_ROWS + EDITED
-    assert_same_rows(pipeline.open_store(job.output.path), pipeline.open_store(scratch["zarr"]),
-                     ["mean", "cls"])
+    assert_same_rows(pipeline.open_store(job.output.path),
+                     pipeline.open_store(scratch["icechunk"]), ["mean", "cls"])
 
 
 @pytest.mark.slow
@@ -746,14 +731,14 @@ def test_update_on_a_local_dask_cluster(tmp_path: Path, tiny_bert: Path) -> None
     pq.write_table(_reviews().slice(0, 40), source)
     execution = {"scheduler": "local", "workers": 1, "threads_per_worker": 1,
                  "partition_rows": 16}
-    job = _job(tiny_bert, source, tmp_path / "dask.zarr", "zarr", execution=execution)
+    job = _job(tiny_bert, source, tmp_path / "dask.icechunk", "icechunk", execution=execution)
     run_job(job)
     pq.write_table(_reviews().slice(0, 60), source)
     summary = run_job(job, incremental=True)
     assert (summary.encoded, summary.run) == (20, 2)
     full_source = tmp_path / "full.parquet"
     pq.write_table(_reviews().slice(0, 60), full_source)
-    full = _job(tiny_bert, full_source, tmp_path / "full.zarr", "zarr")
+    full = _job(tiny_bert, full_source, tmp_path / "full.icechunk", "icechunk")
     run_job(full)
     assert_same_rows(pipeline.open_store(job.output.path), pipeline.open_store(full.output.path),
                      ["mean", "cls"])
@@ -832,14 +817,7 @@ def test_verify_after_an_update_and_a_damaged_chunk_of_the_new_version(
     assert f"{BASE_ROWS + NEW_ROWS} rows" in result.stdout
     store = pipeline.open_store(path)
     recorded = store.provenance.checksums
-    if fmt == "zarr":
-        assert recorded and all(rel.startswith("versions/1/") for rel in recorded)
-        chunk = path / "versions" / "1" / "chunks" / "mean" / "c" / "0" / "0"
-        _damage(chunk, chunk.stat().st_size // 2)
-        problems = verify_store(path)
-        assert problems == ["versions/1/chunks/mean: chunk c/0/0 is damaged (its bytes do not "
-                            "match the recorded checksum)"]
-    elif fmt == "icechunk":  # chunk objects have random names: damage each one
+    if fmt == "icechunk":  # chunk objects have random names: damage each one
         assert "chunks/mean/c/0/0" in recorded
         for obj in (path / "repo" / "chunks").iterdir():
             _damage(obj, obj.stat().st_size // 2)
@@ -869,7 +847,8 @@ def test_json_summary_and_inspect_json_report_the_update(tmp_path: Path,
     table = _reviews().slice(0, 30)
     pq.write_table(pa.concat_tables([table, table.slice(0, 2).set_column(
         0, "id", pa.array([9001, 9002], table.schema.field("id").type))]), source)
-    job = job_dict(source, tiny_bert, tmp_path / "j.zarr", input={"carry_columns": ["label"]},
+    job = job_dict(source, tiny_bert, tmp_path / "j.icechunk", output={"format": "icechunk"},
+                   input={"carry_columns": ["label"]},
                    chunking={"strategy": "hierarchical", "max_tokens": 48},
                    execution={"scheduler": "synchronous", "partition_rows": 64})
     job_file = write_job(tmp_path / "job.yaml", job)
@@ -895,7 +874,7 @@ def test_json_summary_and_inspect_json_report_the_update(tmp_path: Path,
                                           "replaced": 1, "skipped": 28, "gone": 3,
                                           "pruned": 3}
     assert summary["rows"] == 39 and summary["partitions"]["failed"] == 0
-    shown = CliRunner().invoke(main, ["inspect", str(tmp_path / "j.zarr"), "--json"])
+    shown = CliRunner().invoke(main, ["inspect", str(tmp_path / "j.icechunk"), "--json"])
     assert shown.exit_code == 0, shown.output
     facts = json.loads(shown.stdout)
     jsonschema.validate(facts, _schema("inspect.schema.json"))
@@ -907,7 +886,7 @@ def test_json_summary_and_inspect_json_report_the_update(tmp_path: Path,
 def test_token_views_are_refused_up_front(tmp_path: Path, tiny_bert: Path) -> None:
     source = tmp_path / "in.parquet"
     pq.write_table(_reviews().slice(0, 5), source)
-    job = job_dict(source, tiny_bert, tmp_path / "t.zarr",
+    job = job_dict(source, tiny_bert, tmp_path / "t.parquet", output={"format": "parquet"},
                    views={"mean": {"pooling": "mean"}, "tok": {"pooling": "tokens"}})
     job_file = write_job(tmp_path / "job.yaml", job)
     for args in (["validate", str(job_file), "--set", "output.incremental=true"],
@@ -918,7 +897,7 @@ def test_token_views_are_refused_up_front(tmp_path: Path, tiny_bert: Path) -> No
             f"error: {job_file}: output.incremental: views.tok has pooling: tokens, which "
             "incremental runs do not support; drop the token view or run the job in full "
             "(--overwrite)"]
-    assert not (tmp_path / "t.zarr").exists()
+    assert not (tmp_path / "t.parquet").exists()
 
 
 def test_updated_parquet_store_globs_in_duckdb_and_polars(tmp_path: Path,
@@ -940,12 +919,31 @@ def test_updated_parquet_store_globs_in_duckdb_and_polars(tmp_path: Path,
     assert con.execute(f"select count(*) from '{glob}' where not present").fetchall() == [(0,)]
 
 
+def test_a_zarr_store_is_written_once(tmp_path: Path, tiny_bert: Path) -> None:
+    """After an update a plain Zarr reader would need the version's folder: the zarr format
+    refuses incremental runs up front and names the formats that grow."""
+    source = tmp_path / "in.parquet"
+    pq.write_table(_reviews().slice(0, 5), source)
+    job_file = write_job(tmp_path / "job.yaml", job_dict(source, tiny_bert, tmp_path / "o.zarr"))
+    for args in (["validate", str(job_file), "--set", "output.incremental=true"],
+                 ["extract", str(job_file), "--incremental"]):
+        refused = CliRunner().invoke(main, args)
+        assert refused.exit_code == 2
+        assert refused.stderr.strip().splitlines() == [
+            f"error: {job_file}: output.incremental: a zarr store is written once (after an "
+            "update, plain readers would have to find the current version's folder); for a "
+            "store that grows use output.format: icechunk (a versioned Zarr store: an update "
+            "writes only the chunks that changed) or parquet"]
+    assert not (tmp_path / "o.zarr").exists()
+
+
 def test_object_store_urls_are_refused_up_front(tmp_path: Path, tiny_bert: Path) -> None:
     source = tmp_path / "in.parquet"
     pq.write_table(_reviews().slice(0, 5), source)
     job_file = write_job(tmp_path / "job.yaml", job_dict(source, tiny_bert, tmp_path / "o.zarr"))
     refused = CliRunner().invoke(main, ["validate", str(job_file), "--set",
-                                        "output.path=memory://bucket/out.zarr", "--set",
+                                        "output.path=memory://bucket/out.parquet", "--set",
+                                        "output.format=parquet", "--set",
                                         "output.incremental=true"])
     assert refused.exit_code == 2
     assert refused.stderr.strip().splitlines() == [

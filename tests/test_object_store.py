@@ -451,15 +451,16 @@ def test_incremental_run_job_keeps_literal_credentials(
     local = tmp_path / "in.parquet"
     pq.write_table(pq.read_table(REVIEWS).slice(0, 12), local)
     s3.put_object(Bucket="literal", Key="in/reviews.parquet", Body=local.read_bytes())
-    raw = job_dict("s3://literal/in", tiny_bert, tmp_path / "out.zarr",
-                   input={"id_column": "id", "storage_options": {"key": key, "secret": secret}})
+    raw = job_dict("s3://literal/in", tiny_bert, tmp_path / "out.icechunk",
+                   input={"id_column": "id", "storage_options": {"key": key, "secret": secret}},
+                   output={"format": "icechunk"})
     job = Job.from_dict(raw)
     first = run_job(job, incremental=True)  # no store yet: the full run
     again = run_job(job, incremental=True)  # a complete store: the update path reads S3 too
     assert first.rows == 12 and again.already_complete
     import pipeline
 
-    assert pipeline.open_store(tmp_path / "out.zarr").provenance.job.input.storage_options \
+    assert pipeline.open_store(tmp_path / "out.icechunk").provenance.job.input.storage_options \
         == {"key": "***", "secret": "***"}  # recorded redacted, used literally
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import OptionError, StoreError
+from ..io.location import resolve
 from ..stores import detect_format
 from ..stores.icechunk_store import IcechunkFormat
 from ..stores.ownership import inspect_output
@@ -43,8 +44,12 @@ def collect_garbage(path: str, keep: int, say: Callable[[str], None] = log.warni
     """Keep the `keep` newest versions of the store at `path`; reclaim the rest."""
     if keep < 1:
         raise OptionError(f"--keep: {keep} is out of range (at least 1: the current version)")
-    if inspect_output(path).state != "store":
-        raise StoreError(f"{path}: not a bertpipe store")
+    if not resolve(path).exists():
+        raise StoreError(f"{path}: no such store")
+    contents = inspect_output(path)
+    if contents.state != "store":
+        held = f" (it holds {contents.describe_foreign()})" if contents.foreign else ""
+        raise StoreError(f"{path}: not a bertpipe store{held}; nothing to collect")
     with OutputSession(path, "gc", say) as output:
         fmt = detect_format(path)
         output.confirm("expire versions")

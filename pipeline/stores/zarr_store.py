@@ -7,11 +7,12 @@ the checksum of every array file, and metadata is consolidated last. Vector arra
 NaN as their fill value, and reads check each chunk against its checksum before
 decoding (`integrity.VerifiedStore`), so a damaged chunk is an error naming the array.
 
-An incremental update writes a whole new version of the arrays into the group
-`versions/<n>` and publishes it by rewriting the root attribute (one atomic file write)
-that names the current version, with the checksums of the new version's files. The
-previous version is retired: its metadata documents are removed, so no new reader opens
-it, while its chunks stay for the readers that opened it before, until the next update.
+A Zarr store is written once: incremental runs are refused (`spec.check_incremental`),
+because after an update a plain reader would have to find the current version's folder.
+`output.format: icechunk` (icechunk_store.py) is the Zarr store that grows. Stores an
+earlier bertpipe updated keep each version in `versions/<n>/`, named by the provenance's
+`version`: they are read as they are, and `bertpipe gc` removes what is left of retired
+versions.
 
 A store path may be an fsspec URL: the arrays are then read and written through zarr's
 `FsspecStore` with the storage options registered for the URL (`fs.resolve`). Object
@@ -76,12 +77,6 @@ def version_prefix(version: int) -> str:
 
 def _version_group(root: Any, version: int) -> Any:
     return root[version_prefix(version).rstrip("/")] if version else root
-
-
-def _remove_metadata(folder: Path) -> None:
-    """Remove every Zarr metadata document under `folder` (the chunks stay)."""
-    for doc in sorted(folder.rglob("zarr.json")):
-        doc.unlink(missing_ok=True)
 
 
 def _consolidate(path: str) -> None:
@@ -351,11 +346,10 @@ class ZarrFormat(StoreFormat):
     # ---- writing a version -----------------------------------------------------------
 
     def _version_target(self, version: int) -> Any:
-        root = self._root()
-        if version == 0:
-            return root
-        self.location.child(version_prefix(version)).remove_tree()  # a killed update's
-        return root.require_group(VERSIONS_DIR).require_group(str(version))
+        if version:
+            raise StoreError(f"{self.path}: a zarr store is written once; output.format: "
+                             "icechunk is the Zarr store that grows")
+        return self._root()
 
     def _write_level(self, target: Any, level: StagedLevel, raw: dict[str, Any] | None
                      ) -> None:
@@ -369,35 +363,17 @@ class ZarrFormat(StoreFormat):
 
     def _write_version_params(self, target: Any, name: str,
                               params: dict[str, np.ndarray]) -> None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            write_params_group(target, name, params)
+        """Never called: no version after the first is written (see `_version_target`)."""
 
     def _switch(self, version: int, raw: dict[str, Any], previous: int) -> None:
-        # the switch: the root attribute names the new version (zarr writes the file by
-        # rename, so a reader sees the old document or the new one, never a mix; until
-        # the metadata is consolidated again, readers read each node's own document)
-        raw = self._sealed(raw, version)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            self._root().update_attributes({"bertpipe": raw})
-        self._record, self._record_read = raw, True
-        if previous != version:
-            self._retire(previous)
-        _consolidate(self.path)
-
-    def _retire(self, version: int) -> None:
-        """No new reader can open `version` (its metadata documents go); readers that
-        opened it keep their chunks until `drop_retired`."""
-        for name in DATA_DIRS:
-            folder = Path(self.path) / version_prefix(version) / name
-            if folder.is_dir():
-                _remove_metadata(folder)
+        raise StoreError(f"{self.path}: a zarr store is written once")
 
     def recover(self) -> None:
-        """Nothing to finish: the switch is one write of the root attribute."""
+        """Nothing to finish: no version is ever switched to."""
 
     def drop_retired(self) -> None:
+        """What is left of versions before the current one in a store an earlier bertpipe
+        updated (`versions/<n>/`; kept for the readers that opened them)."""
         root = Path(self.path)
         current = version_of(self.record())
         doomed = [root / name for name in DATA_DIRS] if current else []
