@@ -13,7 +13,7 @@ PEER_VENV  := benchmarks/work/peer-venv
 PEER_MODEL := benchmarks/work/peer-model
 
 .PHONY: install model demo test test-fast lint schemas check-wheel peers bench bench-overlap bench-object-store bench-chunking bench-scaling bench-tokens bench-gpu \
-        bench-incremental clean
+        bench-incremental bench-scale clean
 
 install: $(VENV)/.installed
 
@@ -71,6 +71,11 @@ bench: install model peers
 # A 10k-row store, then 1% new rows: incremental update against a full run.
 bench-incremental: install model
 	$(PY) benchmarks/incremental.py
+
+# Stores that grow, at 10k and 100k rows on a tiny model: full run, update (+1% new, 0.1%
+# changed), no-op update, verify, open; bytes written, RSS, store size (SCALE_ARGS to change).
+bench-scale: install
+	$(PY) benchmarks/scale.py $(SCALE_ARGS)
 
 # whole process against its encoder alone (OpenVINO on the CPU), 10k distinct rows
 bench-overlap: install model

@@ -1,0 +1,198 @@
+"""What a store that grows costs: a full run, a nightly update (+1% new rows, 0.1% changed
+at random positions), a no-op update, `verify`, and `open_store` + one view read, for each
+format that grows, at several sizes, on a tiny random BERT (so that the pipeline's own
+cost shows, not the model's).
+
+    python benchmarks/scale.py [--rows 10000 100000] [--formats icechunk parquet]
+
+For each step: wall and CPU seconds, bytes written (the process's write accounting,
+`wchar` in /proc/self/io: every byte it wrote, staging included), peak RSS, and the store's
+size on disk after it. Each step is a whole `bertpipe` process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+WORK = REPO / "benchmarks" / "work" / "scale"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# Runs one bertpipe command in this process and, at exit, writes what the process cost.
+DRIVER = """
+import atexit, json, os, resource, sys, time
+start = time.perf_counter()
+def report():
+    io = dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    with open(os.environ["SCALE_REPORT"], "w") as f:
+        json.dump({"wall_s": time.perf_counter() - start,
+                   "cpu_s": usage.ru_utime + usage.ru_stime,
+                   "written": int(io["wchar"]), "rss_mb": usage.ru_maxrss / 1024}, f)
+atexit.register(report)
+if sys.argv[1] == "open":
+    import numpy as np, pipeline
+    store = pipeline.open_store(sys.argv[2])
+    print(np.asarray(store.vectors("mean")).shape)
+else:
+    from pipeline.cli import main
+    main(sys.argv[1:])
+"""
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def make_tiny_model(root: Path) -> Path:
+    """A 2-layer BERT (H=32) with random weights and a WordPiece vocabulary of the
+    sample reviews' words: nothing downloaded."""
+    if (root / "model.safetensors").exists():
+        return root
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    root.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    texts = pq.read_table(REPO / "data" / "reviews.parquet").column("text").to_pylist()
+    words = sorted({w.lower().strip(".,!?;:\"'()") for t in texts for w in t.split()} - {""})
+    chars = sorted({c for t in texts for c in t.lower() if not c.isspace()})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars,
+             *(f"##{c}" for c in chars), *words]
+    (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tokenizer = BertTokenizerFast(vocab=str(root / "vocab.txt"), do_lower_case=True)
+    tokenizer.model_max_length = 128
+    tokenizer.save_pretrained(root)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=4, intermediate_size=64,
+                        max_position_embeddings=128)
+    BertModel(config).save_pretrained(root, safe_serialization=True)
+    return root
+
+
+def distinct_texts(n: int, seed: int = 0) -> list[str]:
+    """Short distinct texts from the sample reviews' sentences and a row number."""
+    texts = pq.read_table(REPO / "data" / "reviews.parquet").column("text").to_pylist()
+    sentences = [s.strip() for t in texts for s in t.split(".") if len(s.split()) > 3]
+    rng = random.Random(seed)
+    return [f"{rng.choice(sentences)} (review {i})" for i in range(n)]
+
+
+def write_input(path: Path, ids: list[int], texts: list[str]) -> None:
+    pq.write_table(pa.table({"id": ids, "text": texts}), path, row_group_size=50_000)
+
+
+def grown(rows: int, texts: list[str]) -> tuple[list[int], list[str]]:
+    """+1% new rows and 0.1% of the old ones changed, at random positions."""
+    changed = random.Random(1).sample(range(rows), max(1, rows // 1000))
+    new = [*texts]
+    for i in changed:
+        new[i] = f"{new[i]} (edited)"
+    added = max(1, rows // 100)
+    extra = distinct_texts(rows + added, seed=2)[rows:]
+    return list(range(rows + added)), new + extra
+
+
+def job_file(root: Path, fmt: str, source: Path, model: Path, rows: int) -> Path:
+    job = {"input": {"path": str(source), "text_column": "text", "id_column": "id"},
+           "model": {"path": str(model), "dtype": "float32", "device": "cpu",
+                     "runtime": "torch"},
+           "chunking": {"strategy": "hierarchical", "max_tokens": 64},
+           "views": {"mean": {"pooling": "mean"}, "cls": {"pooling": "cls"},
+                     "max": {"pooling": "max"}},
+           "output": {"path": str(root / f"store.{fmt}"), "format": fmt},
+           "execution": {"scheduler": "synchronous",
+                         "partition_rows": max(1000, min(rows // 8, 50_000))}}
+    path = root / f"job-{fmt}.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+def measure(*args: str) -> dict[str, Any]:
+    report = WORK / "report.json"
+    report.unlink(missing_ok=True)
+    env = {**os.environ, "SCALE_REPORT": str(report), "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", DRIVER, *args], env=env,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(report.read_text())
+
+
+def disk_mb(folder: Path) -> float:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6
+
+
+def one_size(fmt: str, rows: int, model: Path) -> list[dict[str, Any]]:
+    root = WORK / f"{fmt}-{rows}"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    source = root / "input.parquet"
+    texts = distinct_texts(rows)
+    write_input(source, list(range(rows)), texts)
+    job = job_file(root, fmt, source, model, rows)
+    store = root / f"store.{fmt}"
+    steps = []
+
+    def step(name: str, *args: str) -> None:
+        figures = measure(*args)
+        steps.append({"format": fmt, "rows": rows, "step": name, **figures,
+                      "store_mb": disk_mb(store)})
+        print(f"  {fmt:<8} {rows:>8} {name:<16} wall {figures['wall_s']:7.1f}s  cpu "
+              f"{figures['cpu_s']:7.1f}s  written {figures['written'] / 1e6:8.1f} MB  rss "
+              f"{figures['rss_mb']:6.0f} MB  store {disk_mb(store):7.1f} MB", flush=True)
+
+    step("full run", "extract", str(job), "-q")
+    write_input(source, *grown(rows, texts))
+    step("update", "extract", str(job), "--incremental", "-q")
+    step("no-op update", "extract", str(job), "--incremental", "-q")
+    step("verify", "verify", str(store))
+    step("open + read", "open", str(store))
+    return steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--formats", nargs="+", default=["icechunk", "parquet"])
+    args = parser.parse_args()
+    WORK.mkdir(parents=True, exist_ok=True)
+    model = make_tiny_model(WORK / "tiny-bert")
+    flags = sorted({f for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("flags") for f in line.split()[2:]}
+                   & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+    print(f"{cpu_name()} ({', '.join(flags)}), {os.cpu_count()} cores; load "
+          f"{os.getloadavg()[0]:.1f} at start; {time.strftime('%Y-%m-%d %H:%M')}")
+    results = []
+    for rows in args.rows:
+        for fmt in args.formats:
+            results += one_size(fmt, rows, model)
+    for fmt in args.formats:
+        for rows in args.rows:
+            by = {r["step"]: r for r in results if r["format"] == fmt and r["rows"] == rows}
+            full, update = by["full run"], by["update"]
+            print(f"{fmt} {rows} rows: the update wrote {update['written'] / full['written']:.1%}"
+                  f" of the full run's bytes in {update['wall_s'] / full['wall_s']:.1%} of its "
+                  f"wall time; no-op update {by['no-op update']['wall_s']:.1f}s")
+    (WORK / "results.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
