@@ -37,36 +37,36 @@ def texts() -> list[str]:
     return [t for t in [*reviews[:200], *MIXED, "", "  ", "a\n\nb. c!"] if t is not None]
 
 
-@pytest.fixture(scope="module")
-def family_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Each zoo family's config.json and tokenizer files (no weights: none are read)."""
-    out = {}
-    for name, family in FAMILIES.items():
-        root = tmp_path_factory.mktemp(name)
-        tokenizer = family.tokenizer(root)
-        family.config(tokenizer).save_pretrained(root)
-        tokenizer.save_pretrained(root)
-        out[name] = root
-    return out
+# the real MiniLM and the tiny test models in make test-fast; every zoo family (each
+# tokenizer trained first, seconds) in make test
+MODELS = ["minilm", "tiny_bert", "tiny_distilbert", "tiny_roberta",
+          *(pytest.param(name, marks=pytest.mark.slow) for name in FAMILIES)]
 
 
-@pytest.fixture
-def every_model(family_files: dict[str, Path], minilm: Path, tiny_bert: Path,
-                tiny_distilbert: Path, tiny_roberta: Path) -> dict[str, Path]:
-    return {**family_files, "minilm": minilm, "tiny_bert": tiny_bert,
-            "tiny_distilbert": tiny_distilbert, "tiny_roberta": tiny_roberta}
+def model_files(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """A conftest model by fixture name, or a zoo family's config.json and tokenizer files
+    (no weights: none are read)."""
+    if name not in FAMILIES:
+        return Path(request.getfixturevalue(name))
+    family = FAMILIES[name]
+    tokenizer = family.tokenizer(tmp_path)
+    family.config(tokenizer).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    return tmp_path
 
 
+@pytest.mark.parametrize("name", MODELS)
 def test_config_read_without_transformers_equals_autoconfig(
-        every_model: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    expected = {name: auto_config(path) for name, path in every_model.items()}
+        name: str, request: pytest.FixtureRequest, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    path = model_files(name, request, tmp_path)
+    expected = auto_config(path)
 
     def refused(spec: ModelSpec) -> Any:
         raise AssertionError(f"{spec.path}: read through AutoConfig")
 
     monkeypatch.setattr(modelfiles, "_auto_config", refused)  # the json path, every family
-    for name, path in every_model.items():
-        assert load_config(spec(path)) == expected[name], name
+    assert load_config(spec(path)) == expected
 
 
 def test_config_outside_the_known_families_goes_through_autoconfig(
@@ -88,26 +88,24 @@ def test_config_outside_the_known_families_goes_through_autoconfig(
         load_config(spec(model))
 
 
+@pytest.mark.parametrize("name", MODELS)
 def test_tokenizer_read_without_transformers_equals_autotokenizer(
-        every_model: dict[str, Path]) -> None:
+        name: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
+    path = model_files(name, request, tmp_path)
     sample = texts()
-    for name, path in every_model.items():
-        auto = AutoTokenizer.from_pretrained(path, use_fast=True, local_files_only=True)
-        light = load_tokenizer(spec(path))
-        assert light.model_max_length == auto.model_max_length, name
-        assert (light.unk_token, light.unk_token_id) == (auto.unk_token, auto.unk_token_id), name
-        assert light.encode("a", add_special_tokens=True) == auto.encode("a"), name
-        enc = auto(sample, add_special_tokens=False, return_offsets_mapping=True)
-        for k, got in enumerate(light.encode_batch(sample)):
-            assert got.ids == enc["input_ids"][k], (name, sample[k])
-            assert got.tokens == enc.tokens(k), (name, sample[k])
-            assert got.word_ids == enc.word_ids(k), (name, sample[k])
-            assert [tuple(o) for o in got.offsets] == [tuple(o) for o in
-                                                       enc["offset_mapping"][k]], name
-        with_specials = auto(sample)["input_ids"]
-        assert [light.encode(t) for t in sample] == with_specials, name
+    auto = AutoTokenizer.from_pretrained(path, use_fast=True, local_files_only=True)
+    light = load_tokenizer(spec(path))
+    assert light.model_max_length == auto.model_max_length
+    assert (light.unk_token, light.unk_token_id) == (auto.unk_token, auto.unk_token_id)
+    enc = auto(sample, add_special_tokens=False, return_offsets_mapping=True)
+    for k, got in enumerate(light.encode_batch(sample)):
+        assert got.ids == enc["input_ids"][k], sample[k]
+        assert got.tokens == enc.tokens(k), sample[k]
+        assert got.word_ids == enc.word_ids(k), sample[k]
+        assert [tuple(o) for o in got.offsets] == [tuple(o) for o in enc["offset_mapping"][k]]
+    assert [light.encode(t) for t in sample] == auto(sample)["input_ids"]  # special tokens
 
 
 def test_tokenizer_file_truncation_is_ignored(minilm: Path) -> None:
