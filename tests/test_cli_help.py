@@ -1,12 +1,16 @@
-"""Every command shows examples in its --help and every option says what it does."""
+"""Every command shows examples in its --help and every option says what it does; the
+commands that only read (--help, validate, inspect) import no heavy library they do not use."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import click
 import pytest
 from click.testing import CliRunner
 
 from pipeline.cli import main
+from tests.conftest import job_dict, write_job, write_table
 
 
 @pytest.mark.parametrize("name", sorted(main.commands))
@@ -44,3 +48,46 @@ def test_help_imports_no_heavy_library() -> None:
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def _modules_after(args: list[str], cwd: Path) -> tuple[list[str], str]:
+    """Run `bertpipe ARGS` in a fresh interpreter: the heavy libraries it imported, and
+    what it printed."""
+    import json
+    import subprocess
+    import sys
+
+    heavy = ["torch", "transformers", "sklearn", "dask.array", "distributed"]
+    code = ("import json, sys; from click.testing import CliRunner; "
+            "from pipeline.cli import main; "
+            f"r = CliRunner().invoke(main, {args!r}); "
+            "assert r.exit_code == 0, r.output; "
+            f"print(json.dumps([[m for m in {heavy!r} if m in sys.modules], r.output]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    imported, output = json.loads(done.stdout.strip().splitlines()[-1])
+    return imported, output
+
+
+def test_validate_imports_no_torch(tmp_path: Path, tiny_bert: Path) -> None:
+    """`bertpipe validate` reads the model's config, tokenizer and weight headers as files
+    (extract/modelfiles.py) and starts in about a second: torch and transformers would
+    add seconds."""
+    src = write_table(tmp_path / "in.parquet", {"id": [1, 2], "text": ["good", "bad"]})
+    job = write_job(tmp_path / "job.yaml", job_dict(src, tiny_bert, tmp_path / "o.zarr"))
+    imported, output = _modules_after(["validate", str(job)], tmp_path)
+    assert "valid (" in output and "checked model bert (2 layers, hidden 32)" in output
+    assert imported == []
+
+
+def test_inspect_imports_no_torch(tmp_path: Path, tiny_bert: Path) -> None:
+    """`bertpipe inspect` reads the store and, for the vocabulary fit, the tokenizer's file:
+    no torch, no transformers, no model."""
+    src = write_table(tmp_path / "in.parquet", {"id": [1, 2], "text": ["good", "bad drug"]})
+    job = write_job(tmp_path / "job.yaml", job_dict(src, tiny_bert, tmp_path / "o.zarr"))
+    assert CliRunner().invoke(main, ["extract", str(job)]).exit_code == 0
+    imported, output = _modules_after(["inspect", str(tmp_path / "o.zarr")], tmp_path)
+    assert "vocabulary fit" in output and "most fragmented frequent words" in output
+    # the store's formats import dask (stores/*_store.py); torch never
+    assert [m for m in imported if m in ("torch", "transformers", "sklearn")] == []

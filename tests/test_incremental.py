@@ -515,7 +515,7 @@ def test_the_fall_back_to_a_full_run_hashes_the_weights_once(
     """An incremental run that finds no store runs the job in full: the run's context
     (plan, input identity, weights digest) is computed once for both."""
     from pipeline import fileutil
-    from pipeline.extract import model as model_module
+    from pipeline.extract import modelfiles as model_module
 
     hashed: list[str] = []
     original = fileutil.sha256_file

@@ -22,6 +22,7 @@ import torch
 import pipeline
 from pipeline.errors import ModelError
 from pipeline.extract import runtime as runtime_mod
+from pipeline.extract import runtime_choice as choice
 from pipeline.extract.partition import Extractor
 from pipeline.run.runner import run_job
 from pipeline.spec import Job
@@ -376,7 +377,7 @@ def test_auto_picks_openvino_for_bert_and_torch_for_others(
         tiny_bert: Path, tiny_distilbert: Path, cache: Path,
         caplog: pytest.LogCaptureFixture) -> None:
     assert extractor(tiny_bert, {"m": {"pooling": "mean"}}, "auto").runtime.name == "openvino"
-    with caplog.at_level(logging.INFO, logger="pipeline.extract.runtime"):
+    with caplog.at_level(logging.INFO, logger="pipeline.extract.runtime_choice"):
         ex = extractor(tiny_distilbert, {"m": {"pooling": "mean"}}, "auto")
     assert ex.runtime.name == "torch"
     assert any("distilbert runs on torch" in r.getMessage() for r in caplog.records)
@@ -400,21 +401,21 @@ def test_cuda_and_missing_openvino(tiny_bert: Path, monkeypatch: pytest.MonkeyPa
     spec = Job.from_dict(job_dict(Path("x.parquet"), tiny_bert, Path("o.zarr"))).model
     from dataclasses import replace
 
-    monkeypatch.setattr(runtime_mod, "resolve_device", lambda name: torch.device("cuda"))
-    assert runtime_mod.choose_runtime(replace(spec, runtime="auto"), BERT) == "torch"
+    monkeypatch.setattr(choice, "device_type", lambda name: "cuda")
+    assert choice.choose_runtime(replace(spec, runtime="auto"), BERT) == "torch"
     with pytest.raises(ModelError, match="openvino runs on the CPU"):
-        runtime_mod.choose_runtime(replace(spec, runtime="openvino"), BERT)
-    monkeypatch.setattr(runtime_mod, "resolve_device", lambda name: torch.device("cpu"))
-    monkeypatch.setattr(runtime_mod, "openvino_installed", lambda: False)
-    assert runtime_mod.choose_runtime(replace(spec, runtime="auto"), BERT) == "torch"
+        choice.choose_runtime(replace(spec, runtime="openvino"), BERT)
+    monkeypatch.setattr(choice, "device_type", lambda name: "cpu")
+    monkeypatch.setattr(choice, "openvino_installed", lambda: False)
+    assert choice.choose_runtime(replace(spec, runtime="auto"), BERT) == "torch"
     with pytest.raises(ModelError, match="openvino is not installed"):
-        runtime_mod.choose_runtime(replace(spec, runtime="openvino"), BERT)
+        choice.choose_runtime(replace(spec, runtime="openvino"), BERT)
     # a BERT configured as a causal decoder: the export's padding-only mask would be wrong
     decoder = SimpleNamespace(model_type="bert", is_decoder=True)
-    monkeypatch.setattr(runtime_mod, "openvino_installed", lambda: True)
-    assert runtime_mod.choose_runtime(replace(spec, runtime="auto"), decoder) == "torch"
+    monkeypatch.setattr(choice, "openvino_installed", lambda: True)
+    assert choice.choose_runtime(replace(spec, runtime="auto"), decoder) == "torch"
     with pytest.raises(ModelError, match=r"not bert \(decoder\)"):
-        runtime_mod.choose_runtime(replace(spec, runtime="openvino"), decoder)
+        choice.choose_runtime(replace(spec, runtime="openvino"), decoder)
 
 
 # ---- the real model ----------------------------------------------------------------------

@@ -13,9 +13,9 @@ from pipeline.extract.views import (
     PoolContext,
     forward_needs,
     get_pooling,
-    resolve_layers,
     resolve_views,
 )
+from pipeline.extract.viewshapes import resolve_layers
 from pipeline.spec import ViewSpec, job_schema
 from pipeline.stores import FORMATS
 

@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError, StoreError
-from ..extract.model import model_fingerprint
-from ..extract.partition import Extractor
+from ..extract.modelfiles import model_fingerprint
 from ..extract.source import find_row, read_text
 from ..extract.texthash import text_sha256
 from ..post.apply import load_transform
@@ -54,6 +53,9 @@ class QueryEncoder:
                       execution=replace(job.execution, scheduler="synchronous"))
         self.source = source
         self.transform = load_transform(store, view)
+        from ..extract.partition import Extractor  # why here: it imports torch (seconds);
+        # `import pipeline` and the commands that never encode a query do not need it
+
         self.extractor = Extractor(job)
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import BertpipeError
 from ..extract.chunking import FRAGMENTED_PIECES, word_pieces
-from ..extract.model import load_tokenizer
+from ..extract.modelfiles import WordTokenizer, load_tokenizer
 from ..stores.opened import StoreData as Store
 from .rows import count_rows, read_texts, sample_rows
 
@@ -46,21 +46,19 @@ class WordCounts:
     occurrences: Counter[tuple[str, ...]] = field(default_factory=Counter)
     surface: dict[tuple[str, ...], str] = field(default_factory=dict)
 
-    def add(self, texts: Sequence[str], tokenizer: Any) -> None:
+    def add(self, texts: Sequence[str], tokenizer: WordTokenizer) -> None:
         texts = [t for t in texts if t and t.strip()]
         if not texts:
             return
-        enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True,
-                        return_attention_mask=False, return_token_type_ids=False)
-        unk_id = getattr(tokenizer, "unk_token_id", None)
-        for k, text in enumerate(texts):
-            ids = enc["input_ids"][k]
-            pieces = word_pieces(enc.word_ids(k))
+        unk_id = tokenizer.unk_token_id
+        for text, enc in zip(texts, tokenizer.encode_batch(texts), strict=True):
+            ids = enc.ids
+            pieces = word_pieces(enc.word_ids)
             self.tokens += len(ids)
             self.unk += ids.count(unk_id) if unk_id is not None else 0
             self.words += len(pieces)
             self.fragmented += int((pieces >= FRAGMENTED_PIECES).sum())
-            self._add_words(text, enc.tokens(k), enc.word_ids(k), enc["offset_mapping"][k])
+            self._add_words(text, enc.tokens, enc.word_ids, enc.offsets)
 
     def _add_words(self, text: str, tokens: Sequence[str], word_ids: Sequence[int | None],
                    offsets: Sequence[tuple[int, int]]) -> None:
@@ -125,7 +123,7 @@ def vocabulary_fit(store: Store, sample: int = 2000, top: int = 10, seed: int = 
     if not fit["recorded"]:  # an older store: every figure from the sample
         fit.update(_ratios(counts.tokens, counts.unk, counts.words, counts.fragmented))
     fit["top_fragmented"] = counts.top_fragmented(top)
-    fit["top_unknown"] = counts.top_unknown(getattr(tokenizer, "unk_token", None), top)
+    fit["top_unknown"] = counts.top_unknown(tokenizer.unk_token, top)
     return fit
 
 

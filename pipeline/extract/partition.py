@@ -15,7 +15,8 @@ from ..spec import Job
 from .aggregate import aggregate_chunks
 from .chunking import ChunkedPartition, Specials, chunk_partition, content_budget
 from .encode import Encoder
-from .model import LoadedModel, load_config
+from .model import LoadedModel
+from .modelfiles import load_config, model_shape
 from .runtime import Runtime, load_encoder
 from .source import Partition, read_partition
 from .texthash import text_sha256, unique_texts
@@ -40,9 +41,8 @@ class Extractor:
     def __init__(self, job: Job):
         self.job = job
         config = load_config(job.model)
-        n_layers = int(config.num_hidden_layers)
-        self.views: list[ResolvedView] = resolve_views(job.views, n_layers,
-                                                       int(config.hidden_size))
+        n_layers, hidden = model_shape(config)
+        self.views: list[ResolvedView] = resolve_views(job.views, n_layers, hidden)
         self.needs: ForwardNeeds = forward_needs(self.views, n_layers)
         self.model: LoadedModel
         self.encoder: Encoder

@@ -16,7 +16,7 @@ from ..errors import InputError, JobError, ModelError, StoreError
 from ..io.location import is_url, references, resolve, storage_errors
 from ..spec import Job
 from .chunking import Specials, content_budget
-from .model import (
+from .modelfiles import (
     check_weights,
     has_pooler_weights,
     load_config,
@@ -24,9 +24,9 @@ from .model import (
     max_positions_of,
     model_shape,
 )
-from .runtime import check_runtime
+from .runtime_choice import check_runtime
 from .source import InputScan, Partition, check_unique_ids, plan_partitions, scan_input
-from .views import ResolvedView, resolve_views
+from .viewshapes import ViewShape, view_shapes
 
 
 @dataclass(frozen=True)
@@ -85,9 +85,9 @@ def preflight(job: Job) -> Plan:
     metadata only); the plan of partitions, or a JobError/ModelError/InputError."""
     config = load_config(job.model)
     n_layers, hidden = model_shape(config)
-    views = resolve_views(job.views, n_layers, hidden)
+    views = view_shapes(job.views, n_layers, hidden)
     _check_post(views)
-    _check_pooler(job, str(getattr(config, "model_type", "?")))
+    _check_pooler(job, config.model_type)
     check_weights(job.model)
     # the model runs here on the synchronous and local schedulers; a remote cluster's
     # workers have their own devices and runtimes (checked where they load it)
@@ -109,11 +109,11 @@ def preflight(job: Job) -> Plan:
     if not partitions:
         raise InputError(f"input.path: {job.input.path} has no rows")
     check_unique_ids(job.input, scan, job.output.incremental)
-    return Plan(job, str(getattr(config, "model_type", "?")), n_layers, hidden, positions,
+    return Plan(job, config.model_type, n_layers, hidden, positions,
                 budget, {v.name: v.width for v in views}, scan, partitions)
 
 
-def _check_post(views: list[ResolvedView]) -> None:
+def _check_post(views: list[ViewShape]) -> None:
     """Post-processing sizes against the view's width (known from the config)."""
     for view in views:
         post = view.spec.post

@@ -15,7 +15,6 @@ them.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,11 +22,11 @@ from typing import Any
 
 import torch
 
-from ..errors import ModelError
 from ..spec import ModelSpec
 from .encode import ClsAttention, Encoder, Forward, find_query_key
 from .families import last_block
-from .model import LoadedModel, load_model, resolve_device, resolve_dtype
+from .model import LoadedModel, load_model, resolve_dtype
+from .runtime_choice import choose_runtime
 from .views import ForwardNeeds, ResolvedView
 
 log = logging.getLogger(__name__)
@@ -39,68 +38,6 @@ class Runtime:
 
     name: str  # torch | openvino
     dtype: str  # what the encoder computes in: float32, bfloat16 or float16
-
-
-def openvino_installed() -> bool:
-    return importlib.util.find_spec("openvino") is not None
-
-
-def openvino_supports(config: Any) -> bool:
-    """BERT encoders: the export wraps BertModel's own embeddings and blocks with a padding
-    mask (a BERT configured as a causal decoder would need another)."""
-    return str(config.model_type) == "bert" and not getattr(config, "is_decoder", False)
-
-
-def choose_runtime(spec: ModelSpec, config: Any) -> str:
-    """`torch` or `openvino` for this job on this machine; an error where the job asks
-    for OpenVINO and it cannot run, never a silent switch."""
-    if spec.runtime == "torch":
-        return "torch"
-    on_cuda = resolve_device(spec.device).type == "cuda"
-    if spec.runtime == "openvino":
-        check_openvino_job(spec, config)
-        if on_cuda:
-            raise ModelError(_OPENVINO_ON_GPU)
-        if not openvino_installed():
-            raise ModelError("model.runtime: openvino is not installed "
-                             "(pip install 'bertpipe[openvino]'), or use model.runtime: torch")
-        return "openvino"
-    if on_cuda or not openvino_installed():
-        return "torch"
-    if not openvino_supports(config):
-        log.info("model.runtime auto: %s runs on torch (the openvino runtime supports BERT "
-                 "encoders)", _kind(config))
-        return "torch"
-    return "openvino"
-
-
-_OPENVINO_ON_GPU = ("model.runtime: openvino runs on the CPU; set model.device: cpu, or "
-                    "model.runtime: torch for the GPU")
-
-
-def _kind(config: Any) -> str:
-    return str(config.model_type) + (" (decoder)" if getattr(config, "is_decoder", False)
-                                     else "")
-
-
-def check_openvino_job(spec: ModelSpec, config: Any) -> None:
-    """What `model.runtime: openvino` refuses whatever the machine: a device other than
-    the CPU, a model family it cannot run."""
-    if spec.device == "cuda":
-        raise ModelError(_OPENVINO_ON_GPU)
-    if not openvino_supports(config):
-        raise ModelError(f"model.runtime: openvino supports BERT encoders, not "
-                         f"{_kind(config)}; use model.runtime: torch")
-
-
-def check_runtime(spec: ModelSpec, config: Any, here: bool) -> None:
-    """Refuse, before any weights load, what `load_encoder` would refuse. `here`: the model
-    runs on this machine (its device and installed runtimes decide); else the workers'
-    machines decide those, and only what holds everywhere is checked."""
-    if spec.runtime == "openvino":  # the job's own mistakes first: they hold everywhere
-        check_openvino_job(spec, config)
-    if here:
-        choose_runtime(spec, config)
 
 
 def load_encoder(spec: ModelSpec, config: Any, views: Sequence[ResolvedView],

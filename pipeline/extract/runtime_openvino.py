@@ -53,10 +53,9 @@ from .model import (
     LoadedModel,
     check_pooler,
     load_model,
-    load_tokenizer,
     max_positions,
-    model_fingerprint,
 )
+from .modelfiles import ModelConfig, auto_tokenizer, model_fingerprint, model_shape
 from .views import ForwardNeeds
 
 log = logging.getLogger(__name__)
@@ -335,20 +334,21 @@ def openvino_forward(spec: ModelSpec, config: Any, needs: ForwardNeeds, precisio
 WEIGHTLESS = torch.nn.Module()
 
 
-def weightless_model(spec: ModelSpec, config: Any, needs: ForwardNeeds,
+def weightless_model(spec: ModelSpec, config: ModelConfig, needs: ForwardNeeds,
                      weight_files: Sequence[str]) -> LoadedModel:
     """What the pipeline needs besides the graph: tokenizer, sizes, the pooler's W and b."""
-    tokenizer = load_tokenizer(spec)
+    tokenizer = auto_tokenizer(spec)  # chunking calls transformers' tokenizer
+    n_layers, hidden_size = model_shape(config)
     pooler = read_pooler(spec.path, weight_files) if needs.pooler else None
     if needs.pooler:
         check_pooler(pooler, spec.path, str(config.model_type))
     return LoadedModel(
         tokenizer=tokenizer,
         module=WEIGHTLESS,
-        model_type=str(config.model_type),
-        n_layers=int(config.num_hidden_layers),
+        model_type=config.model_type,
+        n_layers=n_layers,
         blocks_run=needs.blocks_to_run,  # the graph computes exactly the blocks needed
-        hidden_size=int(config.hidden_size),
+        hidden_size=hidden_size,
         # a BERT position table reserves no rows (the module's only say in the limit)
         max_positions=max_positions(config, WEIGHTLESS, tokenizer),
         device=torch.device("cpu"),

@@ -34,6 +34,7 @@ import torch
 
 from ..errors import JobError
 from ..spec import ViewSpec
+from .viewshapes import view_shapes
 
 Tensor = torch.Tensor
 
@@ -190,32 +191,13 @@ class ResolvedView:
         return pooled
 
 
-def resolve_layers(layers: tuple[int, ...] | str, n_layers: int, key: str) -> tuple[int, ...]:
-    """Map job layer indices to 0..L; `all` is every hidden state."""
-    if layers == "all":
-        return tuple(range(n_layers + 1))
-    out = []
-    for i in layers:
-        assert isinstance(i, int)
-        j = i + n_layers + 1 if i < 0 else i
-        if not 0 <= j <= n_layers:
-            raise JobError(f"{key}.layers: {i} is out of range for a model with {n_layers} "
-                           f"layers (valid: {-(n_layers + 1)}..{n_layers})")
-        out.append(j)
-    return tuple(out)
-
-
 def resolve_views(specs: Sequence[ViewSpec], n_layers: int, hidden: int) -> list[ResolvedView]:
     resolved = []
-    for spec in specs:
-        key = f"views.{spec.name}"
-        layers = resolve_layers(spec.layers, n_layers, key)
-        if spec.weights is not None and len(spec.weights) != len(layers):
-            raise JobError(f"{key}.weights: {len(spec.weights)} weights for {len(layers)} layers")
-        width = hidden * len(layers) if spec.combine == "concat" else hidden
+    for shape in view_shapes(specs, n_layers, hidden):
+        spec = shape.spec
         weights = None if spec.weights is None else torch.tensor(spec.weights,
                                                                    dtype=torch.float64)
-        resolved.append(ResolvedView(spec, layers, width, get_combine(spec.combine),
+        resolved.append(ResolvedView(spec, shape.layers, shape.width, get_combine(spec.combine),
                                      get_pooling(spec.pooling), weights))
     return resolved
 

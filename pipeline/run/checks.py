@@ -5,14 +5,17 @@ path, so the two cannot drift apart."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import StoreError
 from ..extract.preflight import Plan as Checked
 from ..extract.preflight import preflight
 from ..io.location import check_reachable, register_options, resolve, storage_errors
 from ..spec import Job
-from .context import RunContext
 from .output import Plan, assess, check_output_location
+
+if TYPE_CHECKING:  # the run's context imports the executors and torch: not for validate
+    from .context import RunContext
 
 
 def check_job(job: Job, job_file: str | Path | None) -> Checked:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import BertpipeError, PartitionError, UnreadableInputError
-from ..extract.model import model_fingerprint
+from ..extract.modelfiles import model_fingerprint
 from ..extract.preflight import Plan as CheckedPlan
 from ..extract.preflight import preflight
 from ..extract.source import Partition, input_identity

@@ -29,7 +29,6 @@ from ..stores import Staging, store_at
 from ..stores.lock import StoreLock
 from ..stores.ownership import Contents, inspect_output, remove_store
 from ..stores.provenance import InputFile, fingerprint_of, input_change, input_identity_of
-from ..stores.verify import summarize, verify_store
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +152,10 @@ def assess(job: Job, plan: Plan, overwrite: bool) -> tuple[str, Contents]:
                          "choose another output.path")
     if provenance.get("complete"):
         _check_input(path, provenance, plan, "is complete, but")
+        # why here: verification imports zarr (the formats), which a new store's checks
+        # (validate) never need
+        from ..stores.verify import summarize, verify_store
+
         problems = verify_store(str(path))
         if problems:
             raise StoreError(f"output.path: {path} is complete but fails verification: "

@@ -1,0 +1,91 @@
+"""Which runtime runs the encoder (`model.runtime`), decided without torch where it can be:
+`bertpipe validate` checks the choice, and asks torch about the GPU only where the answer
+can refuse the job. runtime.py loads what is chosen."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import Any
+
+from ..errors import ModelError
+from ..spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+def openvino_installed() -> bool:
+    return importlib.util.find_spec("openvino") is not None
+
+
+def openvino_supports(config: Any) -> bool:
+    """BERT encoders: the export wraps BertModel's own embeddings and blocks with a padding
+    mask (a BERT configured as a causal decoder would need another)."""
+    return str(config.model_type) == "bert" and not getattr(config, "is_decoder", False)
+
+
+def device_type(name: str) -> str:
+    """`cpu` or `cuda` for `model.device`; a ModelError for cuda where there is none."""
+    from .model import resolve_device  # why here: it asks torch, which takes seconds to import
+
+    return resolve_device(name).type
+
+
+def choose_runtime(spec: ModelSpec, config: Any) -> str:
+    """`torch` or `openvino` for this job on this machine; an error where the job asks
+    for OpenVINO and it cannot run, never a silent switch."""
+    if spec.runtime == "torch":
+        return "torch"
+    on_cuda = device_type(spec.device) == "cuda"
+    if spec.runtime == "openvino":
+        check_openvino_job(spec, config)
+        if on_cuda:
+            raise ModelError(_OPENVINO_ON_GPU)
+        if not openvino_installed():
+            raise ModelError("model.runtime: openvino is not installed "
+                             "(pip install 'bertpipe[openvino]'), or use model.runtime: torch")
+        return "openvino"
+    if on_cuda or not openvino_installed():
+        return "torch"
+    if not openvino_supports(config):
+        log.info("model.runtime auto: %s runs on torch (the openvino runtime supports BERT "
+                 "encoders)", _kind(config))
+        return "torch"
+    return "openvino"
+
+
+_OPENVINO_ON_GPU = ("model.runtime: openvino runs on the CPU; set model.device: cpu, or "
+                    "model.runtime: torch for the GPU")
+
+
+def _kind(config: Any) -> str:
+    return str(config.model_type) + (" (decoder)" if getattr(config, "is_decoder", False)
+                                     else "")
+
+
+def check_openvino_job(spec: ModelSpec, config: Any) -> None:
+    """What `model.runtime: openvino` refuses whatever the machine: a device other than
+    the CPU, a model family it cannot run."""
+    if spec.device == "cuda":
+        raise ModelError(_OPENVINO_ON_GPU)
+    if not openvino_supports(config):
+        raise ModelError(f"model.runtime: openvino supports BERT encoders, not "
+                         f"{_kind(config)}; use model.runtime: torch")
+
+
+def check_runtime(spec: ModelSpec, config: Any, here: bool) -> None:
+    """Refuse, before any weights load, what `load_encoder` would refuse. `here`: the model
+    runs on this machine (its device and installed runtimes decide); else the workers'
+    machines decide those, and only what holds everywhere is checked."""
+    if spec.runtime == "openvino":  # the job's own mistakes first: they hold everywhere
+        check_openvino_job(spec, config)
+    if here and could_refuse_here(spec):
+        choose_runtime(spec, config)
+
+
+def could_refuse_here(spec: ModelSpec) -> bool:
+    """Whether `choose_runtime` can refuse `spec` on some machine: an openvino job (a GPU
+    here, openvino missing), or device cuda (no GPU here). Runtime torch, and runtime auto
+    on device auto or cpu, run everywhere, so the device is not asked (torch would be
+    imported for nothing)."""
+    return spec.runtime == "openvino" or (spec.runtime == "auto" and spec.device == "cuda")
