@@ -530,12 +530,12 @@ def e2e_job(source: str | Path, model: Path, output: str | Path, fmt: str,
 @pytest.fixture(scope="module")
 def e2e(sample: tuple[str, Path], tiny_bert: Path,
         tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The same job four ways: {zarr, parquet} x {local input and store, S3 input and
-    store}, through the command line."""
+    """The same job six ways: {zarr, parquet, icechunk} x {local input and store, S3 input
+    and store}, through the command line."""
     url, local = sample
     tmp = tmp_path_factory.mktemp("e2e")
     stores = {}
-    for fmt in ("zarr", "parquet"):
+    for fmt in ("zarr", "parquet", "icechunk"):
         for where in ("local", "s3"):
             out = str(tmp / f"r.{fmt}") if where == "local" else \
                 f"{url.rsplit('/', 1)[0]}/out/reviews.{fmt}"
@@ -559,7 +559,7 @@ def assert_same_arrays(got: Any, want: Any) -> None:
 
 
 @pytest.mark.slow  # end to end (real processes, servers or a browser): not in make test-fast
-@pytest.mark.parametrize("fmt", ["zarr", "parquet"])
+@pytest.mark.parametrize("fmt", ["zarr", "parquet", "icechunk"])
 def test_store_on_s3_is_identical_to_the_local_store(e2e: dict[str, str], fmt: str) -> None:
     import pipeline
 
@@ -577,12 +577,12 @@ def test_store_on_s3_is_identical_to_the_local_store(e2e: dict[str, str], fmt: s
     assert remote.provenance.complete and len(remote.provenance.checksums) >= 3
     # staging and lock are gone; only the format's own entries remain
     top = {rel.split("/")[0] for rel in keys(e2e[f"{fmt}-s3"])}
-    assert top == ({"zarr.json", "docs", "chunks", "post"} if fmt == "zarr"
-                   else {"docs", "chunks", "post"})
+    assert top == {"zarr": {"zarr.json", "docs", "chunks", "post"}, "icechunk": {"repo"},
+                   "parquet": {"docs", "chunks", "post"}}[fmt]
 
 
 @pytest.mark.slow  # end to end (real processes, servers or a browser): not in make test-fast
-@pytest.mark.parametrize("fmt", ["zarr", "parquet"])
+@pytest.mark.parametrize("fmt", ["zarr", "parquet", "icechunk"])
 def test_commands_on_a_store_on_s3(e2e: dict[str, str], fmt: str, tmp_path: Path) -> None:
     store = e2e[f"{fmt}-s3"]
     verified = run("verify", store)
@@ -602,16 +602,22 @@ def test_commands_on_a_store_on_s3(e2e: dict[str, str], fmt: str, tmp_path: Path
     whitened = pipeline.open_store(store).vectors("cls_whiten")
     assert whitened.shape == (96, 8) and np.isfinite(whitened).all()
     assert run("verify", store).exit_code == 0  # the new view is sealed too
-    # a damaged object is named, as on disk
-    victim = "docs/mean/c/0/0" if fmt == "zarr" else "docs/part-0.parquet"
-    data = storefs.resolve(f"{store}/{victim}").read_bytes()
-    middle = len(data) // 3
-    damaged = data[:middle] + b"garbage" + data[middle + 7:]
-    storefs.resolve(f"{store}/{victim}").write_bytes(damaged)
+    # a damaged object is named, as on disk (Icechunk's chunk objects have random names:
+    # each one is damaged)
+    victims = {"zarr": ["docs/mean/c/0/0"], "parquet": ["docs/part-0.parquet"],
+               "icechunk": [f"repo/chunks/{rel}" for rel in
+                            storefs.resolve(f"{store}/repo/chunks").files()]}[fmt]
+    kept = {victim: storefs.resolve(f"{store}/{victim}").read_bytes() for victim in victims}
+    for victim, data in kept.items():
+        middle = len(data) // 3
+        storefs.resolve(f"{store}/{victim}").write_bytes(
+            data[:middle] + b"garbage" + data[middle + 7:])
     broken = run("verify", store)
     assert broken.exit_code == 5 and "damaged" in one_error_line(broken)
-    assert (victim.split("/c/")[0] if fmt == "zarr" else victim) in broken.stderr
-    storefs.resolve(f"{store}/{victim}").write_bytes(data)
+    named = {"zarr": "docs/mean", "parquet": "docs/part-0.parquet", "icechunk": "chunks/mean"}
+    assert named[fmt] in broken.stderr
+    for victim, data in kept.items():
+        storefs.resolve(f"{store}/{victim}").write_bytes(data)
 
 
 @pytest.mark.slow  # end to end (real processes, servers or a browser): not in make test-fast

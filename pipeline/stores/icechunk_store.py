@@ -97,12 +97,15 @@ def storage_of(store: Location) -> icechunk.Storage:
                          "local folder or an s3:// URL")
     bucket, _, prefix = location.url[len("s3://"):].partition("/")
     options = location.options
+    # as s3fs finds it: the storage options, else the AWS variables botocore reads
     endpoint = options.get("endpoint_url") or \
-        (options.get("client_kwargs") or {}).get("endpoint_url")
+        (options.get("client_kwargs") or {}).get("endpoint_url") or \
+        os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     key, secret = options.get("key"), options.get("secret")
     return icechunk.s3_storage(
         bucket=bucket, prefix=prefix.rstrip("/"), endpoint_url=endpoint,
-        region=(options.get("client_kwargs") or {}).get("region_name") or "us-east-1",
+        region=(options.get("client_kwargs") or {}).get("region_name")
+        or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
         allow_http=bool(endpoint and endpoint.startswith("http://")),
         force_path_style=bool(endpoint), access_key_id=key, secret_access_key=secret,
         session_token=options.get("token"), from_env=None if key else True)
