@@ -172,3 +172,26 @@ def test_a_killed_commit_leaves_the_branch_and_a_rerun_completes(
 
 def _disk_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def test_a_commit_that_meets_another_writers_commit_is_refused(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    """Two handles write the same store (bertpipe's lock normally prevents it): the first
+    commit lands, the second is refused (exit 5) and nothing of it is committed."""
+    from pipeline.stores.icechunk_store import IcechunkFormat
+
+    source = _input(tmp_path / "in.parquet", _texts(10))
+    job = _job(tmp_path, tiny_bert, source)
+    run_job(job)
+    first, second = IcechunkFormat(job.output.path), IcechunkFormat(job.output.path)
+    first.write_params("a", {"mean": np.zeros(3)})
+    second.write_params("b", {"mean": np.ones(3)})
+    first.write_record(first.record() or {})
+    with pytest.raises(StoreError, match="another run committed to the store meanwhile") as err:
+        second.write_record(second.record() or {})
+    assert err.value.exit_code == 5
+    fresh = IcechunkFormat(job.output.path)
+    np.testing.assert_array_equal(fresh.read_params("a")["mean"], np.zeros(3))
+    with pytest.raises(KeyError):
+        fresh.read_params("b")
+    assert verify_store(job.output.path) == []
