@@ -13,8 +13,26 @@ from pipeline.cli import main
 from tests.conftest import REPO
 
 
+def _versioned_store(root: Path, model: Path) -> Path:
+    """An Icechunk store with two versions: 20 reviews, then 25 (the notebook's last
+    section)."""
+    import pyarrow.parquet as pq
+
+    from pipeline.run.runner import run_job
+    from pipeline.spec import Job
+    from tests.conftest import REVIEWS, job_dict
+
+    source = root / "growing.parquet"
+    job = Job.from_dict(job_dict(source, model, root / "reviews.icechunk",
+                                 output={"format": "icechunk", "incremental": True}))
+    for rows in (20, 25):
+        pq.write_table(pq.read_table(REVIEWS).slice(0, rows), source)
+        run_job(job)
+    return root / "reviews.icechunk"
+
+
 @pytest.mark.slow
-def test_notebook_runs_top_to_bottom(tmp_path: Path, minilm: Path,
+def test_notebook_runs_top_to_bottom(tmp_path: Path, minilm: Path, tiny_bert: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
@@ -28,11 +46,14 @@ def test_notebook_runs_top_to_bottom(tmp_path: Path, minilm: Path,
     assert result.exit_code == 0, result.output
     notebook = nbformat.read(REPO / "docs" / "notebook.ipynb", as_version=4)
     monkeypatch.setenv("BERTPIPE_STORE", str(store))
+    monkeypatch.setenv("BERTPIPE_VERSIONED_STORE", str(_versioned_store(tmp_path, tiny_bert)))
     client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(REPO / "docs")}})
     client.execute()  # raises CellExecutionError, naming the cell, on any failure
     text = _printed(notebook)
     assert "mean view: accuracy" in text and "over the majority class" in text
+    assert "version 1: 25 rows; version 0: 20 rows" in text
+    assert "rows of version 0 unchanged in the current version: True" in text
     # nothing on stderr: no warnings (an ipywidgets/IProgress one included), no tracebacks
     assert not [o for o in _outputs(notebook) if o.get("name") == "stderr"], text
     # the shipped notebook has its outputs, and they are what a run prints now
