@@ -3,13 +3,15 @@
 Each row of the new version takes its results (counts, status, vectors, chunks) from its
 source (`compare.Changes`): a row of the store's current version, or a row of the delta
 this run encoded; its id, carried columns and text digest from its input row (or, for a
-kept row whose id is gone, from the store). Rows are written in blocks as staged parts,
-which the format then writes as the new version's arrays.
+kept row whose id is gone, from the store). Rows come in blocks: written as staged parts,
+which the format then writes as the new version's files (`assemble`), or, for a format that
+updates its arrays in place, handed to it block by block (`streamed_version`), so that
+nothing but what the format writes is written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +21,8 @@ import xarray as xr
 from ..extract.partition import vector_array
 from ..spec import Job
 from ..stores import Layout, Staging
+from ..stores.base import StreamedVersion
+from ..stores.columns import StoredColumns, string_width
 from ..stores.parquet_store import file_dataset
 from .compare import Changes
 
@@ -74,25 +78,94 @@ def assemble(a: Assembly, out: Staging, budget: int) -> tuple[Layout, dict[str, 
     tokens, tokens covered: a truncated row covers `budget` tokens)."""
     out.parts.make_dirs()
     has_chunks = "chunks" in a.job.output.levels
-    n = a.changes.rows
     indices: list[int] = []
-    stats = {"rows": n, "chunks": 0, "tokens": 0, "tokens_covered": 0}
-    for index, start in enumerate(range(0, max(n, 1), BLOCK_ROWS)):
-        rows = np.arange(start, min(start + BLOCK_ROWS, n))
-        docs = _docs_block(a, rows)
-        chunks = _chunks_block(a, rows, docs) if has_chunks else None
+    stats = _Stats(a.changes.rows)
+    for index, (docs, chunks) in enumerate(_blocks(a, with_views=True)):
         out.write_tables(index, {"docs": docs, "chunks": chunks})
         indices.append(index)
+        stats.add(docs, budget)
+    return Layout(indices, a.changes.rows, stats.counts["chunks"], has_chunks), stats.counts
+
+
+def streamed_version(a: Assembly, budget: int) -> tuple[StreamedVersion, dict[str, int]]:
+    """The new version as blocks for a format that updates its arrays in place, with what
+    the format must know before the first block: each level's rows, column types (which
+    columns hold nulls) and longest strings. These come from a first pass over the blocks
+    without their vectors (the cheap columns only); the blocks are then made again, whole,
+    as the format reads them."""
+    has_chunks = "chunks" in a.job.output.levels
+    stats = _Stats(a.changes.rows)
+    found = {level: _Found() for level in ("docs", "chunks")}
+    for docs, chunks in _blocks(a, with_views=False):
+        stats.add(docs, budget)
+        found["docs"].add(docs)
+        if chunks is not None:
+            found["chunks"].add(chunks)
+    vector_fields = [pa.field(view, _vector_type(a, view)) for view in a.views]
+    levels = ["docs"] + (["chunks"] if has_chunks else [])
+    rows = {"docs": a.changes.rows, "chunks": stats.counts["chunks"]}
+    streamed = StreamedVersion(
+        rows={level: rows[level] for level in levels},
+        columns={level: found[level].columns(vector_fields) for level in levels},
+        widths={level: found[level].widths for level in levels},
+        blocks=({"docs": docs, "chunks": chunks} for docs, chunks in _blocks(a, True)))
+    return streamed, stats.counts
+
+
+class _Stats:
+    """The new version's stats, block by block (what the provenance's `stats` says)."""
+
+    def __init__(self, rows: int):
+        self.counts = {"rows": rows, "chunks": 0, "tokens": 0, "tokens_covered": 0}
+
+    def add(self, docs: pa.Table, budget: int) -> None:
         n_tokens = docs.column("n_tokens").to_numpy()
         truncated = docs.column("truncated").to_numpy(zero_copy_only=False)
-        stats["chunks"] += int(docs.column("n_chunks").to_numpy().sum())
-        stats["tokens"] += int(n_tokens.sum())
-        stats["tokens_covered"] += int(np.where(truncated, np.minimum(n_tokens, budget),
-                                                n_tokens).sum())
-    return Layout(indices, n, stats["chunks"], has_chunks), stats
+        self.counts["chunks"] += int(docs.column("n_chunks").to_numpy().sum())
+        self.counts["tokens"] += int(n_tokens.sum())
+        self.counts["tokens_covered"] += int(np.where(truncated, np.minimum(n_tokens, budget),
+                                                      n_tokens).sum())
 
 
-def _docs_block(a: Assembly, rows: np.ndarray) -> pa.Table:
+class _Found:
+    """What a pass over a level's blocks found: their schemas, the columns with a null,
+    the longest value of each string column."""
+
+    def __init__(self) -> None:
+        self.schemas: list[pa.Schema] = []
+        self.nulls: dict[str, bool] = {}
+        self.widths: dict[str, int] = {}
+
+    def add(self, table: pa.Table) -> None:
+        self.schemas.append(table.schema)
+        for name, column in zip(table.column_names, table.columns, strict=True):
+            self.nulls[name] = self.nulls.get(name, False) or column.null_count > 0
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                self.widths[name] = max(self.widths.get(name, 1), string_width(column))
+
+    def columns(self, vector_fields: list[pa.Field]) -> StoredColumns:
+        schema = pa.unify_schemas(self.schemas, promote_options="permissive")
+        for field in vector_fields:
+            schema = schema.append(field)
+        return StoredColumns(schema, self.nulls)
+
+
+def _vector_type(a: Assembly, view: str) -> pa.DataType:
+    width = int(a.store.docs[view].shape[1])
+    return vector_array(np.zeros((0, width)), a.job.output.dtype).type
+
+
+def _blocks(a: Assembly, with_views: bool) -> Iterator[tuple[pa.Table, pa.Table | None]]:
+    """The new version's docs and chunks, BLOCK_ROWS documents at a time, in row order."""
+    has_chunks = "chunks" in a.job.output.levels
+    n = a.changes.rows
+    for start in range(0, max(n, 1), BLOCK_ROWS):
+        rows = np.arange(start, min(start + BLOCK_ROWS, n))
+        docs = _docs_block(a, rows, with_views)
+        yield docs, _chunks_block(a, rows, docs, with_views) if has_chunks else None
+
+
+def _docs_block(a: Assembly, rows: np.ndarray, with_views: bool = True) -> pa.Table:
     c = a.changes
     from_store, source = c.from_store[rows], c.source[rows]
     input_row, store_row = c.input_row[rows], c.store_row[rows]
@@ -116,12 +189,13 @@ def _docs_block(a: Assembly, rows: np.ndarray) -> pa.Table:
                                       _stored(a.store.docs, "text_sha256", gone_rows))
     columns["present"] = pa.array(has_input)
     dtype = a.job.output.dtype
-    for view in a.views:
+    for view in a.views if with_views else ():
         columns[view] = vector_array(_gather(a, "docs", view, from_store, source), dtype)
     return pa.table(columns)
 
 
-def _chunks_block(a: Assembly, rows: np.ndarray, docs: pa.Table) -> pa.Table:
+def _chunks_block(a: Assembly, rows: np.ndarray, docs: pa.Table,
+                  with_views: bool = True) -> pa.Table:
     """The chunks of `rows`, in row order, each document's copied from its source."""
     from_store, source = a.changes.from_store[rows], a.changes.source[rows]
     counts = docs.column("n_chunks").to_numpy()
@@ -137,7 +211,7 @@ def _chunks_block(a: Assembly, rows: np.ndarray, docs: pa.Table) -> pa.Table:
     for name in CHUNK_FIELDS:
         values = _gather(a, "chunks", name, chunk_from_store, chunk_source)
         columns[name] = pa.array(values.astype(np.int64))
-    for view in a.views:
+    for view in a.views if with_views else ():
         values = _gather(a, "chunks", view, chunk_from_store, chunk_source)
         columns[view] = vector_array(values, a.job.output.dtype)
     return pa.table(columns)

@@ -42,7 +42,7 @@ from ..stores.markers import MarkerTotals
 from ..stores.opened import StoreData, open_store_data
 from ..stores.ownership import inspect_output
 from ..stores.provenance import ModelInfo, Provenance, is_complete
-from .assemble import Assembly, Derived, Source, assemble
+from .assemble import Assembly, Derived, Source, assemble, streamed_version
 from .compare import Changes, StoreRows, compare
 from .context import PartitionWork, RunContext, run_partitions
 from .executors import Executor, OnDone, executor_for
@@ -204,14 +204,20 @@ def _commit(ctx: RunContext, store: StoreData, changes: Changes, staging: Stagin
         transform = load_transform(store, name)
         if transform is not None:
             derived[name] = (info.source, transform.apply)
-    assembled = Staging(path, ASSEMBLED)
-    assembled.remove_parts()
-    layout, stats = assemble(Assembly(job, changes, Source.of(store.docs, store.chunks), delta,
-                                      store.views, derived), assembled, ctx.plan.budget)
-    # fitted parameters never change in an update: new rows get the store's transform
-    params = {name: fmt.read_params(name) for name in current.post}
-    staging.confirm("write the new version")
-    fmt.write_version(version, assembled, layout, params)
+    assembly = Assembly(job, changes, Source.of(store.docs, store.chunks), delta, store.views,
+                        derived)
+    if fmt.writes_in_place:  # straight into the current arrays: nothing staged
+        streamed, stats = streamed_version(assembly, ctx.plan.budget)
+        staging.confirm("write the new version")
+        fmt.write_streamed_version(version, streamed)
+    else:
+        assembled = Staging(path, ASSEMBLED)
+        assembled.remove_parts()
+        layout, stats = assemble(assembly, assembled, ctx.plan.budget)
+        # fitted parameters never change in an update: new rows get the store's transform
+        params = {name: fmt.read_params(name) for name in current.post}
+        staging.confirm("write the new version")
+        fmt.write_version(version, assembled, layout, params)
     # the history entry of this run (its wall time up to the switch)
     record = run_record("incremental", version, ctx.started_at, ctx.identity, totals,
                         ctx.elapsed(), took_over_lock, rows=changes.rows, added=changes.added,

@@ -73,6 +73,18 @@ class StagedLevel:
         return cls(level, rows, columns, [staging.part(i, level) for i in indices], parts)
 
 
+@dataclass
+class StreamedVersion:
+    """A new version given block by block (for a format that updates its arrays in place,
+    so that nothing is staged): each level's rows, column types and longest strings, known
+    before the first block, then the blocks in row order (level -> table)."""
+
+    rows: dict[str, int]
+    columns: dict[str, StoredColumns]
+    widths: dict[str, dict[str, int]]
+    blocks: Iterator[dict[str, pa.Table | None]]
+
+
 class StoreFormat(ABC):
     """One on-disk format, bound to the store at `path` (local or an fsspec URL)."""
 
@@ -80,6 +92,9 @@ class StoreFormat(ABC):
     # True when publishing a version never moves the files a reader of the previous one
     # reads (the reader need not read the provenance again to know what it opened)
     atomic_switch: ClassVar[bool]
+    # True when a new version is written into the current arrays (only what differs):
+    # `write_streamed_version` instead of `write_version` from staged parts
+    writes_in_place: ClassVar[bool] = False
 
     def __init__(self, path: str) -> None:
         self.path = str(path)
@@ -170,6 +185,11 @@ class StoreFormat(ABC):
         self._write_data(target, staging, layout, None)
         for name, values in params.items():
             self._write_version_params(target, name, values)
+
+    def write_streamed_version(self, version: int, streamed: StreamedVersion) -> None:
+        """Write a new version's data from blocks (formats that write in place); readers
+        do not see it before `publish`."""
+        raise NotImplementedError(f"the {self.name} format writes versions from staged parts")
 
     def publish(self, version: int, provenance: Provenance) -> None:
         """Make `version` current: seal `provenance` (complete, naming the version) with

@@ -84,6 +84,15 @@ def strings_as_objects(block: np.ndarray, missing: str | None) -> np.ndarray:
     return out
 
 
+def string_width(column: pa.Array | pa.ChunkedArray) -> int:
+    """The longest value of a string column, in characters (0 when all are null)."""
+    import pyarrow.compute as pc
+
+    if pa.types.is_null(column.type):
+        return 0
+    return int(pc.max(pc.utf8_length(column)).as_py() or 0)
+
+
 class StoredColumns:
     """The unified type of every column of a level, and which ones hold nulls."""
 
@@ -120,8 +129,6 @@ class StoredColumns:
         Zarr stores strings at a fixed width, which NumPy, pandas and scikit-learn take as
         they come (Zarr's variable-length strings read as NumPy's StringDType, which
         scikit-learn refuses)."""
-        import pyarrow.compute as pc
-
         names = [f.name for f in self.schema
                  if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
         widths = dict.fromkeys(names, len(MISSING_STRING))
@@ -137,8 +144,7 @@ class StoredColumns:
                 column = table.column(name)
                 if pa.types.is_null(column.type):  # an all-null part: nothing to measure
                     continue
-                longest = pc.max(pc.utf8_length(column)).as_py()
-                widths[name] = max(widths[name], int(longest or 0))
+                widths[name] = max(widths[name], string_width(column))
         return widths
 
     def conform(self, table: pa.Table) -> pa.Table:

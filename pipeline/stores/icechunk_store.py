@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -42,7 +42,7 @@ from zarr.storage import WrapperStore
 
 from ..errors import StoreError
 from ..io.location import Location, resolve
-from .base import StagedLevel
+from .base import StagedLevel, StreamedVersion
 from .columns import StoredColumns
 from .integrity import VerifiedStore
 from .provenance import FileSum, is_complete, recorded_checksums, sealed, version_of
@@ -53,7 +53,6 @@ from .zarr_store import (
     ROWS_PER_CHUNK,
     TOKEN_FIELDS_NOT_STORED,
     ZarrFormat,
-    chunk_aligned,
     column_values,
     create_array,
     describe_arrays,
@@ -142,6 +141,7 @@ class IcechunkFormat(ZarrFormat):
     name = "icechunk"
     # a snapshot never changes: a reader stays on the one it opened
     atomic_switch = True
+    writes_in_place = True
 
     def __init__(self, path: str, version: int | None = None) -> None:
         super().__init__(path)
@@ -273,8 +273,27 @@ class IcechunkFormat(ZarrFormat):
             parts = (t.drop_columns(TOKEN_FIELDS_NOT_STORED) for t in parts)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _update_level(target, level.name, parts, level.rows, level.columns,
-                          level.columns.string_widths(level.files))
+            updater = _LevelUpdater(target, level.name, level.rows, level.columns,
+                                    level.columns.string_widths(level.files))
+            for table in parts:
+                updater.add(table)
+            updater.close()
+
+    def write_streamed_version(self, version: int, streamed: StreamedVersion) -> None:
+        """The new version's blocks written into the current arrays (only the chunks whose
+        values differ), in this handle's session; `publish` commits them."""
+        root = self._root()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            updaters = {level: _LevelUpdater(root, level, rows, streamed.columns[level],
+                                             streamed.widths[level])
+                        for level, rows in streamed.rows.items()}
+            for block in streamed.blocks:
+                for level, table in block.items():
+                    if table is not None and level in updaters:
+                        updaters[level].add(table)
+            for updater in updaters.values():
+                updater.close()
 
     def _after_commit(self, raw: dict[str, Any]) -> None:
         self.write_record(raw)
@@ -397,30 +416,59 @@ async def _keys(listing: AsyncIterator[str]) -> list[str]:
     return [key async for key in listing]
 
 
-def _update_level(root: Any, level: str, parts: Iterator[pa.Table], n: int,
-                  columns: StoredColumns, widths: dict[str, int]) -> None:
-    """A level's arrays made equal to `parts` (n rows, in row order), writing only the
-    chunks whose values differ from what the array holds: an array that exists with the
-    same type and width is resized (rows appended or cut), else created anew."""
-    dim = LEVEL_DIMS[level]
-    group = root.require_group(level)
-    arrays: dict[str, tuple[Any, bool]] = {}
-    offset = 0
-    for table in chunk_aligned((columns.conform(t) for t in parts), ICECHUNK_ROWS_PER_CHUNK):
+class _LevelUpdater:
+    """A level's arrays made equal to the tables added (n rows, in row order), writing only
+    the chunks whose values differ from what the arrays hold: an array that exists with
+    the same type and width is resized (rows appended or cut), else created anew. Tables
+    are regrouped into blocks of whole chunks (a chunk is compared and written once)."""
+
+    def __init__(self, root: Any, level: str, n: int, columns: StoredColumns,
+                 widths: dict[str, int]):
+        self.group = root.require_group(level)
+        self.level, self.n, self.columns, self.widths = level, n, columns, widths
+        self.arrays: dict[str, tuple[Any, bool]] = {}
+        self.pending: list[pa.Table] = []
+        self.held = 0
+        self.offset = 0
+        self.written = False
+
+    def add(self, table: pa.Table) -> None:
+        self.pending.append(self.columns.conform(table))
+        self.held += table.num_rows
+        rows = ICECHUNK_ROWS_PER_CHUNK
+        if self.held < rows:
+            return
+        block = pa.concat_tables(self.pending)
+        whole = self.held - self.held % rows
+        self._write(block.slice(0, whole))
+        self.pending, self.held = [block.slice(whole)], self.held - whole
+
+    def close(self) -> None:
+        """Write what is left (a level of no rows still gets its empty arrays)."""
+        if self.held or (self.pending and not self.written):
+            self._write(pa.concat_tables(self.pending))
+        self.pending, self.held = [], 0
+
+    def _write(self, table: pa.Table) -> None:
+        dim = LEVEL_DIMS[self.level]
         for name in table.column_names:
             if name == "row":
                 continue
-            values = column_values(columns, name, table.column(name))
-            if name in widths:
-                values = values.astype(f"<U{widths[name]}")
-            if name not in arrays:
-                arrays[name] = _array_for(group, name, values, n, dim, columns)
-            array, fresh = arrays[name]
+            values = column_values(self.columns, name, table.column(name))
+            if name in self.widths:
+                values = values.astype(f"<U{self.widths[name]}")
+            if name not in self.arrays:
+                self.arrays[name] = _array_for(self.group, name, values, self.n, dim,
+                                               self.columns)
+            array, fresh = self.arrays[name]
+            if values.dtype.kind == "U" and array.dtype != values.dtype:
+                values = values.astype(array.dtype)  # a wider stored width is kept
             if fresh:  # nothing to compare with
-                array[offset : offset + len(values)] = values
+                array[self.offset : self.offset + len(values)] = values
             else:
-                _write_changed(array, offset, values)
-        offset += table.num_rows
+                _write_changed(array, self.offset, values)
+        self.offset += table.num_rows
+        self.written = True
 
 
 def _array_for(group: Any, name: str, sample: np.ndarray, n: int, dim: str,
@@ -429,8 +477,10 @@ def _array_for(group: Any, name: str, sample: np.ndarray, n: int, dim: str,
     else a new one (True: new, nothing in it yet)."""
     if name in group:
         array = group[name]
-        same = (array.dtype == sample.dtype or (sample.dtype.kind in "OT"
-                                                and array.dtype.kind in "OT")) \
+        wider = sample.dtype.kind == "U" and array.dtype.kind == "U" and \
+            array.dtype.itemsize >= sample.dtype.itemsize
+        same = (array.dtype == sample.dtype or wider or (sample.dtype.kind in "OT"
+                                                         and array.dtype.kind in "OT")) \
             and array.shape[1:] == sample.shape[1:] \
             and array.chunks[0] == ICECHUNK_ROWS_PER_CHUNK
         if same:
