@@ -184,13 +184,13 @@ def test_zarr_writes_whole_chunks(sizes: list[int]) -> None:
     the rows unchanged and in order."""
     import pyarrow as pa
 
-    from pipeline.stores.zarr_store import _chunk_aligned
+    from pipeline.stores.zarr_store import chunk_aligned
 
     rows, start, tables = 8, 0, []
     for size in sizes:
         tables.append(pa.table({"x": np.arange(start, start + size)}))
         start += size
-    blocks = list(_chunk_aligned(iter(tables), rows))
+    blocks = list(chunk_aligned(iter(tables), rows))
     assert [b.num_rows % rows for b in blocks[:-1]] == [0] * (len(blocks) - 1)
     if start == 0:  # parts without rows: one empty block, whose columns make the arrays
         assert [b.num_rows for b in blocks] == ([0] if tables else [])

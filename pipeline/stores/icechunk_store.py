@@ -67,9 +67,13 @@ if "ICECHUNK_LOG" not in os.environ:
 
 BRANCH = "main"
 # Rows per chunk of every array, whatever the store's size: a fixed grid is what lets an
-# update append rows and rewrite only the chunks that changed (1,024 rows of a 384-wide
-# float32 view are 1.5 MB before compression: one object store request each).
-ICECHUNK_ROWS_PER_CHUNK = 1024
+# update append rows and rewrite only the chunks that changed. Copy-on-write is per chunk,
+# so a changed row costs its whole chunk: with changes at random rows, a share f of rows
+# changed rewrites about 1 - exp(-f * rows) of the chunks (f = 0.1%: 22% at 256 rows, 64% at
+# 1,024; measured in docs/results.md). 256 rows of a 384-wide float32 view are 393 KB
+# before compression, still a sensible object-store request; readers see blocks of
+# ROWS_PER_CHUNK rows (zarr_store._lazy), not one task per chunk.
+ICECHUNK_ROWS_PER_CHUNK = 256
 VERSION_KEY = "bertpipe_version"  # in each commit's metadata: the store version it holds
 COMPLETE_KEY = "bertpipe_complete"
 REPOSITORY = "repo"  # the repository's folder inside the store

@@ -165,8 +165,11 @@ def _dataset(group: Any, coords: dict[str, Any], label: str) -> xr.Dataset:
 
 def _lazy(array: Any, label: str) -> da.Array:
     """A Zarr array as dask, its reads guarded; strings as objects with None for nulls (as
-    Parquet reads)."""
-    data = da.from_array(_Guarded(array, label), chunks=array.chunks, name=False)
+    Parquet reads). A dask block spans whole Zarr chunks, ROWS_PER_CHUNK rows or more
+    (an Icechunk store's small chunks would otherwise make one task each)."""
+    rows = array.chunks[0] if array.ndim else 1
+    blocks = (rows * max(1, ROWS_PER_CHUNK // max(rows, 1)), *array.chunks[1:])
+    data = da.from_array(_Guarded(array, label), chunks=blocks, name=False)
     if data.dtype.kind not in "OTU":
         return data
     missing = array.attrs.get(MISSING_ATTRIBUTE)
