@@ -156,10 +156,15 @@ def column_values(columns: StoredColumns, name: str, column: pa.ChunkedArray) ->
 
 
 def _dataset(group: Any, coords: dict[str, Any], label: str) -> xr.Dataset:
-    variables = {}
+    variables: dict[str, Any] = {}
     for name, array in group.arrays():
         dims = tuple(array.metadata.dimension_names)
-        variables[name] = (dims, _lazy(array, f"{label}/{name}"))
+        if dims == (name,):  # a dimension coordinate: xarray reads it whole for its index
+            values = _Guarded(array, f"{label}/{name}")[...]  # (dask would start a scheduler)
+            variables[name] = (dims, strings_as_objects(values, array.attrs.get(
+                MISSING_ATTRIBUTE)) if values.dtype.kind in "OTU" else values)
+        else:
+            variables[name] = (dims, _lazy(array, f"{label}/{name}"))
     return xr.Dataset(variables, coords=coords)
 
 
