@@ -937,7 +937,7 @@ def test_a_zarr_store_is_written_once(tmp_path: Path, tiny_bert: Path) -> None:
     assert not (tmp_path / "o.zarr").exists()
 
 
-def test_object_store_urls_are_refused_up_front(tmp_path: Path, tiny_bert: Path) -> None:
+def test_parquet_on_an_object_store_is_refused_up_front(tmp_path: Path, tiny_bert: Path) -> None:
     source = tmp_path / "in.parquet"
     pq.write_table(_reviews().slice(0, 5), source)
     job_file = write_job(tmp_path / "job.yaml", job_dict(source, tiny_bert, tmp_path / "o.zarr"))
@@ -947,6 +947,6 @@ def test_object_store_urls_are_refused_up_front(tmp_path: Path, tiny_bert: Path)
                                         "output.incremental=true"])
     assert refused.exit_code == 2
     assert refused.stderr.strip().splitlines() == [
-        f"error: {job_file}: output.incremental: incremental runs update local or "
-        "shared-filesystem stores only, not object-store URLs; run the job in full "
-        "(--overwrite)"]
+        f"error: {job_file}: output.incremental: a parquet store on an object store is not "
+        "updated (its switch renames files, which object stores cannot do); use "
+        "output.format: icechunk, or run the job in full (--overwrite)"]

@@ -991,3 +991,48 @@ def test_store_in_memory_filesystem_matches_the_local_store(
         input={"carry_columns": ["label"]})))
     assert again.exit_code == 0 and "already complete" in again.stdout
     storefs.resolve(out).remove_tree()
+
+
+@pytest.mark.cluster
+def test_nightly_update_of_an_icechunk_store_on_s3_by_shared_nothing_workers(
+        s3: str, tiny_bert: Path, tmp_path: Path) -> None:
+    """The incremental scenario (400 rows; then 150 new, 20 edited, 10 deleted) with the
+    input and an Icechunk store on S3 and two workers that share no disk with the client
+    or each other: the update encodes exactly 170 texts and the store equals a run from
+    scratch over the new table, by id."""
+    import pipeline
+    from pipeline.run.runner import run_job
+    from pipeline.spec import Job
+    from tests.test_incremental import _base, _updated, assert_same_rows
+
+    source, out = f"{s3}/in/reviews.parquet", f"{s3}/nightly/reviews.icechunk"
+    client_dir = tmp_path / "client"
+    client_dir.mkdir()
+    job = job_dict(source, tiny_bert, out, views={"mean": {"pooling": "mean"},
+                                                  "cls": {"pooling": "cls"}},
+                   input={"carry_columns": ["label"]},
+                   chunking={"strategy": "hierarchical", "max_tokens": 48},
+                   output={"format": "icechunk", "incremental": True},
+                   execution={"partition_rows": 64, "threads_per_worker": 1})
+    write_job(client_dir / "job.yaml", job)
+    with isolated_cluster(tmp_path / "cluster") as address:
+        for table, expected in ((_base(), 400), (_updated(), 170)):
+            with storefs.resolve(source).writer() as f:
+                pq.write_table(table, f)
+            done = bertpipe("extract", "job.yaml", "--scheduler", address, "--json-summary",
+                            "summary.json", cwd=client_dir, env={"TMPDIR": str(client_dir)})
+            assert done.returncode == 0, done.stderr
+            summary = json.loads((client_dir / "summary.json").read_text())
+            assert summary["rows_by_outcome"]["encoded"] == expected, summary
+        assert sorted(worked(address).values()) == [True, True]  # both ran partitions
+    local = tmp_path / "updated.parquet"
+    pq.write_table(_updated(), local)
+    scratch = {**job, "input": {**job["input"], "path": str(local)},
+               "output": {"path": str(tmp_path / "scratch.icechunk"), "format": "icechunk"},
+               "execution": {"scheduler": "synchronous", "partition_rows": 64}}
+    run_job(Job.from_dict(scratch))
+    store = pipeline.open_store(out)
+    assert store.provenance.version == 1 and [v for v in store.fmt.version_numbers()] == [1, 0]
+    assert_same_rows(store, pipeline.open_store(tmp_path / "scratch.icechunk"), ["mean", "cls"])
+    assert run("verify", out).exit_code == 0
+    assert {rel.split("/")[0] for rel in keys(out)} == {"repo"}  # staging and lock gone

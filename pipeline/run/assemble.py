@@ -51,12 +51,12 @@ class Source:
 
     @classmethod
     def staged(cls, staging: Staging, indices: Sequence[int], has_chunks: bool) -> Source:
-        """The delta's staged parts, in partition order."""
-        docs = xr.concat([file_dataset(staging.part_path(i, "docs"), "doc") for i in indices],
+        """The delta's staged parts, in partition order (local or on an object store)."""
+        docs = xr.concat([file_dataset(staging.part(i, "docs"), "doc") for i in indices],
                          dim="doc")
         chunks = None
         if has_chunks:
-            chunks = xr.concat([file_dataset(staging.part_path(i, "chunks"), "chunk")
+            chunks = xr.concat([file_dataset(staging.part(i, "chunks"), "chunk")
                                 for i in indices], dim="chunk")
         return cls.of(docs, chunks)
 

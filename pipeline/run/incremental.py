@@ -26,7 +26,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -34,6 +33,7 @@ import pyarrow.parquet as pq
 
 from ..errors import JobError, StoreError
 from ..extract.source import Partition, plan_partitions
+from ..io.location import Location
 from ..post.apply import load_transform
 from ..spec import InputSpec, Job
 from ..stores import Staging, store_at
@@ -160,7 +160,7 @@ def _stage_delta(run: RunContext, store: StoreData, changes: Changes, fence: Fen
     same delta on the same version, else started afresh."""
     job, fingerprint = run.job, run.fingerprint
     staging = Staging(store.path, fence=fence)
-    delta_file = Path(staging.root.path) / DELTA_FILE  # incremental runs are local only
+    delta_file = staging.root.child(DELTA_FILE)  # local, or beside the store on S3
     partition_rows = job.execution.partition_rows
     key = hashlib.sha256(json.dumps({
         "base_version": store.provenance.version, "fingerprint": fingerprint,
@@ -174,19 +174,19 @@ def _stage_delta(run: RunContext, store: StoreData, changes: Changes, fence: Fen
                        "input_identity": [asdict(f) for f in run.identity],
                        "base_version": store.provenance.version, "delta": key})
         _write_delta(delta_file, changes, partition_rows)
-    delta_job = replace(job, input=InputSpec(path=str(delta_file), text_column="text",
-                                             id_column="digest"))
+    delta_job = replace(job, input=InputSpec(
+        path=delta_file.path if delta_file.local else delta_file.url, text_column="text",
+        id_column="digest", storage_options=job.output.storage_options))
     parts = plan_partitions(delta_job.input, partition_rows) if changes.encoded else []
     delta_fp = hashlib.sha256(f"{fingerprint}:{key}".encode()).hexdigest()
     return staging, delta_job, parts, delta_fp
 
 
-def _write_delta(file: Path, changes: Changes, partition_rows: int) -> None:
+def _write_delta(file: Location, changes: Changes, partition_rows: int) -> None:
     table = pa.table({"digest": pa.array(changes.delta_digests, pa.string()),
                       "text": pa.array(changes.delta_texts, pa.string())})
-    tmp = file.with_name(f".{file.name}.tmp")
-    pq.write_table(table, tmp, row_group_size=max(partition_rows, 1), compression="zstd")
-    tmp.replace(file)
+    with file.writer() as out:  # appears whole or not at all
+        pq.write_table(table, out, row_group_size=max(partition_rows, 1), compression="zstd")
 
 
 def _commit(ctx: RunContext, store: StoreData, changes: Changes, staging: Staging,

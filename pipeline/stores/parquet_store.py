@@ -148,10 +148,10 @@ def _dataset(file: Location, dim: str) -> xr.Dataset:
     return _parts_dataset([file], dim)
 
 
-def file_dataset(file: Path, dim: str) -> xr.Dataset:
-    """One local Parquet file (a store level or a staged part) as a lazy dataset along
-    `dim`."""
-    return _dataset(resolve(str(file)), dim)
+def file_dataset(file: Path | Location, dim: str) -> xr.Dataset:
+    """One Parquet file (a store level or a staged part, local or on an object store) as a
+    lazy dataset along `dim`."""
+    return _dataset(file if isinstance(file, Location) else resolve(str(file)), dim)
 
 
 def _read_block(file: _Mapped | str, group: int, column: str, nulls: bool) -> np.ndarray:
