@@ -116,6 +116,10 @@ def main(ctx: click.Context, verbose: bool, quiet: bool) -> None:
     ctx.obj = {"quiet": quiet}
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # before any command imports torch: OpenMP reads how idle threads wait when it loads
+    from .extract.threads import quiet_waits
+
+    quiet_waits()
     level = logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     for chatty in ("botocore", "boto3", "aiobotocore", "s3fs", "fsspec", "urllib3"):

@@ -28,6 +28,7 @@ from ..spec import ModelSpec
 from .encode import ClsAttention, Encoder, Forward, find_query_key
 from .families import last_block
 from .model import LoadedModel, load_model, resolve_device, resolve_dtype
+from .threads import allot, use_torch_threads
 from .views import ForwardNeeds, ResolvedView
 
 log = logging.getLogger(__name__)
@@ -104,10 +105,17 @@ def check_runtime(spec: ModelSpec, config: Any, here: bool) -> None:
 
 
 def load_encoder(spec: ModelSpec, config: Any, views: Sequence[ResolvedView],
-                 needs: ForwardNeeds) -> tuple[LoadedModel, Encoder, Runtime]:
-    """The loaded model, the encoder that runs it, and the runtime actually used."""
+                 needs: ForwardNeeds, threads: int | None = None
+                 ) -> tuple[LoadedModel, Encoder, Runtime]:
+    """The loaded model, the encoder that runs it, and the runtime actually used, with as
+    many threads as this process was given (`threads`: a Dask worker's own count; see
+    threads.py). Call it in the thread that will run the forward passes: torch's OpenMP
+    thread count is per calling thread."""
     forward: Forward
+    allotment = allot(threads)
+    log.info("encoder threads: %d (%s)", allotment.threads, allotment.describe())
     if choose_runtime(spec, config) == "torch":
+        use_torch_threads(allotment.threads)
         model = load_model(spec, keep_layers=needs.blocks_to_run, need_pooler=needs.pooler,
                            need_cls_attention=needs.cls_attention)
         forward = TorchForward(model, needs)
@@ -116,7 +124,7 @@ def load_encoder(spec: ModelSpec, config: Any, views: Sequence[ResolvedView],
         from .runtime_openvino import openvino_forward  # why here: openvino is optional
 
         wanted = dtype_name(resolve_dtype(spec.dtype, torch.device("cpu")))
-        model, forward = openvino_forward(spec, config, needs, wanted)
+        model, forward = openvino_forward(spec, config, needs, wanted, allotment.threads)
         if forward.precision != wanted:
             log.info("model.dtype: openvino runs %s on this CPU (asked for %s)",
                      forward.precision, wanted)

@@ -296,8 +296,8 @@ class OpenVINOForward:
         return states, outputs[-1] if self.cls_attention else None
 
 
-def openvino_forward(spec: ModelSpec, config: Any, needs: ForwardNeeds, precision: str
-                     ) -> tuple[LoadedModel, OpenVINOForward]:
+def openvino_forward(spec: ModelSpec, config: Any, needs: ForwardNeeds, precision: str,
+                     threads: int) -> tuple[LoadedModel, OpenVINOForward]:
     """The model's facts and the job's graph as a forward pass, exported if not cached.
 
     On a cache hit no torch model is built: the graph holds the weights, and the tokenizer
@@ -327,8 +327,7 @@ def openvino_forward(spec: ModelSpec, config: Any, needs: ForwardNeeds, precisio
 
         entry = cached_export(key, export_to)
         model.module = WEIGHTLESS  # the graph has the weights now: free the torch copy
-    return model, OpenVINOForward(entry, layers, needs.cls_attention, precision,
-                                  threads=torch.get_num_threads())
+    return model, OpenVINOForward(entry, layers, needs.cls_attention, precision, threads)
 
 
 # Stands in for the torch module once the graph holds the weights (nothing calls it).
