@@ -76,7 +76,8 @@ def main() -> None:
     ap.add_argument("--env", nargs="*", default=[], help="NAME=VALUE for the bertpipe process")
     args = ap.parse_args()
     os.environ.update(dict(item.split("=", 1) for item in args.env))
-    cmd = [sys.executable, "-m", "pipeline.cli", "-q", "extract"]
+    # -P: the working directory is not put first on the path, so PYTHONPATH picks the checkout
+    cmd = [sys.executable, "-P", "-m", "pipeline.cli", "-q", "extract"]
     paths = jobs(args.runtimes, args.rows)
     codes = [str(c.resolve()) for c in args.code]
     for code in codes:
