@@ -75,12 +75,17 @@ HINTS = {v: k for k, v in PRECISIONS.items()}
 exports_made = 0
 
 
+def cache_base() -> Path:
+    """bertpipe's cache folder: `$BERTPIPE_CACHE_DIR`, default `~/.cache/bertpipe` (exported
+    models here, runtime calibrations in calibrate.py)."""
+    base = os.environ.get(CACHE_ENV)
+    return Path(base).expanduser() if base else Path.home() / ".cache" / "bertpipe"
+
+
 def cache_root() -> Path:
     """Where exported models live: `$BERTPIPE_CACHE_DIR/openvino`, default
     `~/.cache/bertpipe/openvino`."""
-    base = os.environ.get(CACHE_ENV)
-    root = Path(base).expanduser() if base else Path.home() / ".cache" / "bertpipe"
-    return root / "openvino"
+    return cache_base() / "openvino"
 
 
 # ---- the exported graph ---------------------------------------------------------------
