@@ -4,7 +4,10 @@
     openvino  OpenVINO on the CPU (fused attention, LayerNorm and GELU kernels), with the
               job's graph exported once per weights and outputs and cached
               (runtime_openvino.py); refused where it cannot run
-    auto      openvino on the CPU when it is installed and the model is a BERT, else torch
+    auto      a run on the CPU measures torch against openvino (calibrate.py, decided once
+              on the client and handed to the workers as an explicit runtime); where no
+              decision is given (an Extractor used on its own), openvino on the CPU when
+              it is installed and the model is a BERT, else torch
 
 Each runtime is only a forward pass (`encode.Forward`): `TorchForward` here,
 `OpenVINOForward` in runtime_openvino.py. The one `encode.Encoder` batches, pads and
