@@ -13,7 +13,7 @@ PEER_VENV  := benchmarks/work/peer-venv
 PEER_MODEL := benchmarks/work/peer-model
 
 .PHONY: install model demo test test-fast lint schemas check-wheel peers bench bench-overlap bench-object-store bench-chunking bench-scaling bench-tokens bench-gpu \
-        bench-incremental bench-scale clean
+        bench-incremental bench-scale bench-contention clean
 
 install: $(VENV)/.installed
 
@@ -84,6 +84,11 @@ bench-overlap: install model
 # input and store on an S3 endpoint on loopback (moto) against local disk
 bench-object-store: install model
 	$(PY) benchmarks/object_store.py $(OBJECT_STORE_ARGS)
+
+# CPU seconds of one job quiet and beside 1 and 3 busy processes per core, torch and openvino
+# (CONTENTION_ARGS="--reps 1" for less; "--code DIR" runs another checkout for a before/after).
+bench-contention: install model
+	$(PY) benchmarks/contention.py $(CONTENTION_ARGS)
 
 bench-chunking: install model
 	$(PY) benchmarks/chunking.py

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import click
 
-from .errors import BertpipeError, OptionError, StoreError
+from .errors import BertpipeError, JobError, OptionError, StoreError
 from .io.location import is_url, storage_errors
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -116,6 +116,10 @@ def main(ctx: click.Context, verbose: bool, quiet: bool) -> None:
     ctx.obj = {"quiet": quiet}
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # before any command imports torch: OpenMP reads how idle threads wait when it loads
+    from .extract.threads import quiet_waits
+
+    quiet_waits()
     level = logging.INFO if verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     for chatty in ("botocore", "boto3", "aiobotocore", "s3fs", "fsspec", "urllib3"):
@@ -175,6 +179,49 @@ def validate(job_file: str, overrides: tuple[str, ...], schema_only: bool) -> No
                f"{job.output.path})")
     if checked is not None:
         click.echo(f"checked {checked.summary()}")
+
+
+@main.command()
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@set_option
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the "
+              "table (runtime, dtype, by, table, cache).")
+@_user_errors
+def calibrate(job_file: str, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Measure which runtime and dtype run this job fastest on this machine while agreeing
+    with torch float32 (what model.runtime/dtype: auto choose), and cache the choice.
+
+    Times each candidate the job leaves open (torch and openvino, float32 and bfloat16 where
+    the CPU has it) on a few batches of the job's own texts, ignoring and refreshing the
+    cache ($BERTPIPE_CACHE_DIR, default ~/.cache/bertpipe). Writes no store.
+
+    \b
+    Examples:
+      bertpipe calibrate jobs/reviews.yaml
+      bertpipe calibrate jobs/reviews.yaml --json | jq .table
+    """
+    from .extract.calibrate import calibration_dir
+    from .run.context import RunContext, decide_runtime
+    from .spec import load_job
+
+    ctx = RunContext.of(load_job(job_file, overrides))
+    choice = decide_runtime(ctx, force=True)
+    if choice is None:
+        raise JobError("model.device: the job runs on a GPU here; calibration chooses "
+                       "between CPU runtimes")
+    if as_json:
+        from dataclasses import asdict
+
+        click.echo(json.dumps({**asdict(choice), "cache": str(calibration_dir())}, indent=1))
+        return
+    click.echo(f"{'candidate':<18} {'tokens/s':>9}  {'min cosine':>10}  chosen")
+    for row in choice.table:
+        speed = f"{row.tokens_per_s:9,.0f}" if row.tokens_per_s else f"{'-':>9}"
+        cosine = f"{row.min_cosine:10.6f}" if row.tokens_per_s else f"{'-':>10}"
+        mark = "*" if row.chosen else (f"out: {row.note}" if not row.agrees else "")
+        click.echo(f"{row.runtime + ' ' + row.dtype:<18} {speed}  {cosine}  {mark}")
+    click.echo(f"chosen: runtime {choice.runtime}, dtype {choice.dtype} (cached in "
+               f"{calibration_dir()})")
 
 
 def _checked_before_writing(job: Any, job_file: str) -> Any:

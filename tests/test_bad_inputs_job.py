@@ -471,6 +471,22 @@ ROWS = [
         "a job file must be a mapping"),
     Row("views missing", _cli("validate", _job(_drop("views"))), 2,
         "'views' is a required property"),
+    # ---- calibrate: the job file, its keys, the --set option -----------------------------
+    Row("calibrate: job file missing", _cli("calibrate", lambda w: str(w.tmp / "none.yaml")),
+        2, "cannot read job file"),
+    Row("calibrate: job file not a mapping", _cli("calibrate", lambda w: w.job_text("- a\n")),
+        2, "a job file must be a mapping"),
+    Row("calibrate: job file is a directory", _cli("calibrate", lambda w: str(w.tmp)), 2,
+        "is a directory"),
+    Row("calibrate: model.runtime of the wrong type", _cli("calibrate", _job(_set(
+        "model.runtime", 5))), 2, "model.runtime: 5 is not one of"),
+    Row("calibrate: model.dtype not a dtype", _cli("calibrate", _job(_set(
+        "model.dtype", "int4"))), 2, "model.dtype: 'int4' is not one of"),
+    Row("calibrate --set of an unknown key", _cli("calibrate", _job(), "--set",
+                                                   "model.speed=fast"), 2,
+        "'speed' was unexpected"),
+    Row("calibrate: model path missing", _cli("calibrate", _job(_set(
+        "model.path", "/nonexistent/model"))), 4, "model.path: /nonexistent/model does not exist"),
     # ---- command-line values (item 5) --------------------------------------------------
     Row("search -k 0", _cli("search", ZARR, "good", "-k", "0"), 2,
         "Invalid value for '-k': 0 is not in the range x>=1"),

@@ -293,6 +293,26 @@ def lock_refresh_zero(w: World) -> list[Any]:
     return ["extract", w.job(w.tmp / "o.zarr")]
 
 
+def calibration_cache_is_a_file(w: World) -> list[Any]:
+    """BERTPIPE_CACHE_DIR names a file: calibration cannot keep its result (refused before
+    a store is made, also as root, whom permissions would not stop)."""
+    w.monkeypatch.setenv("BERTPIPE_CACHE_DIR", str(w.src))
+    return ["extract", _auto_job(w)]
+
+
+def calibrate_cache_is_a_file(w: World) -> list[Any]:
+    w.monkeypatch.setenv("BERTPIPE_CACHE_DIR", str(w.src))
+    return ["calibrate", _auto_job(w)]
+
+
+def _auto_job(w: World) -> Path:
+    """The standard job with model.runtime and model.dtype left to calibration."""
+    job = w.job(w.tmp / "o.zarr")
+    job.write_text(job.read_text().replace("runtime: torch", "runtime: auto")
+                   .replace("dtype: float32", "dtype: auto", 1))
+    return job
+
+
 def unreadable_lock(w: World) -> list[Any]:
     job = w.job(w.tmp / "o.zarr")
     (w.tmp / "o.zarr").mkdir()
@@ -431,6 +451,8 @@ TABLE = [
     Row(gc_a_missing_path, 5, "none.icechunk: no such store"),
     Row(gc_keep_zero, 2, "Invalid value for '--keep': 0 is not in the range x>=1"),
     Row(gc_keep_not_a_number, 2, "Invalid value for '--keep': 'all' is not a valid integer"),
+    Row(calibration_cache_is_a_file, 4, "model.runtime: auto cannot write its calibration in "),
+    Row(calibrate_cache_is_a_file, 4, "set BERTPIPE_CACHE_DIR to a writable folder"),
 ]
 
 

@@ -10,6 +10,7 @@ import numpy as np
 from ..errors import OptionError
 from ..spec import ViewSpec
 from ..stores.opened import StoreData as Store
+from ..stores.provenance import RuntimeChoice
 
 
 def describe(store: Store) -> str:
@@ -41,10 +42,25 @@ def describe(store: Store) -> str:
         "weights    " + ", ".join(f"{k} sha256:{v[:12]}" for k, v in
                                    model.weights_sha256.items()),
         f"ran on     {', '.join(prov.device)} ({', '.join(prov.dtype)}), {prov.created}",
+        *_choice_lines(prov.runtime_choice),
         "versions   " + ", ".join(f"{k} {v}" for k, v in prov.versions.items()),
     ]
     lines.extend(_history_lines(store))
     return "\n".join(lines)
+
+
+def _choice_lines(choice: RuntimeChoice | None) -> list[str]:
+    """How model.runtime and model.dtype were resolved, and the calibration's table."""
+    if choice is None:
+        return []
+    by = {"job": "set by the job", "calibration": "measured by calibration",
+          "cache": "from a cached calibration"}.get(choice.by, choice.by)
+    lines = [f"runtime    {choice.runtime} {choice.dtype} ({by})"]
+    for row in choice.table:
+        verdict = "chosen" if row.chosen else "agrees" if row.agrees else f"out: {row.note}"
+        lines.append(f"           {row.runtime + ' ' + row.dtype:<18} {row.tokens_per_s:>9,.0f} "
+                     f"tokens/s  min cosine {row.min_cosine:.6f}  {verdict}")
+    return lines
 
 
 def _flagged(store: Store) -> int:
@@ -210,4 +226,6 @@ def store_facts(store: Store) -> dict[str, Any]:
         "version": prov.version, "readable_versions": store.fmt.version_numbers(),
         "flagged_gone": _flagged(store),
         "history": [dataclasses.asdict(run) for run in prov.history],
+        "runtime_choice": (dataclasses.asdict(prov.runtime_choice)
+                           if prov.runtime_choice else None),
     }

@@ -38,7 +38,8 @@ class PartTables:
 class Extractor:
     """The loaded model plus everything derived from the job once per worker."""
 
-    def __init__(self, job: Job):
+    def __init__(self, job: Job, threads: int | None = None):
+        """`threads`: what a Dask worker was given (else the process's own CPUs decide)."""
         self.job = job
         config = load_config(job.model)
         n_layers, hidden = model_shape(config)
@@ -48,7 +49,7 @@ class Extractor:
         self.encoder: Encoder
         self.runtime: Runtime  # torch or openvino, and the dtype it computes in
         self.model, self.encoder, self.runtime = load_encoder(job.model, config, self.views,
-                                                              self.needs)
+                                                              self.needs, threads)
         self.specials = Specials.from_tokenizer(self.model.tokenizer)
         self.budget = content_budget(job.chunking, job.model.max_tokens,
                                      self.model.max_positions, self.specials)

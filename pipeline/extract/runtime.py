@@ -4,7 +4,10 @@
     openvino  OpenVINO on the CPU (fused attention, LayerNorm and GELU kernels), with the
               job's graph exported once per weights and outputs and cached
               (runtime_openvino.py); refused where it cannot run
-    auto      openvino on the CPU when it is installed and the model is a BERT, else torch
+    auto      a run on the CPU measures torch against openvino (calibrate.py, decided once
+              on the client and handed to the workers as an explicit runtime); where no
+              decision is given (an Extractor used on its own), openvino on the CPU when
+              it is installed and the model is a BERT, else torch
 
 Each runtime is only a forward pass (`encode.Forward`): `TorchForward` here,
 `OpenVINOForward` in runtime_openvino.py. The one `encode.Encoder` batches, pads and
@@ -27,6 +30,7 @@ from .encode import ClsAttention, Encoder, Forward, find_query_key
 from .families import last_block
 from .model import LoadedModel, load_model, resolve_dtype
 from .runtime_choice import choose_runtime
+from .threads import allot, use_torch_threads
 from .views import ForwardNeeds, ResolvedView
 
 log = logging.getLogger(__name__)
@@ -41,10 +45,17 @@ class Runtime:
 
 
 def load_encoder(spec: ModelSpec, config: Any, views: Sequence[ResolvedView],
-                 needs: ForwardNeeds) -> tuple[LoadedModel, Encoder, Runtime]:
-    """The loaded model, the encoder that runs it, and the runtime actually used."""
+                 needs: ForwardNeeds, threads: int | None = None
+                 ) -> tuple[LoadedModel, Encoder, Runtime]:
+    """The loaded model, the encoder that runs it, and the runtime actually used, with as
+    many threads as this process was given (`threads`: a Dask worker's own count; see
+    threads.py). Call it in the thread that will run the forward passes: torch's OpenMP
+    thread count is per calling thread."""
     forward: Forward
+    allotment = allot(threads)
+    log.info("encoder threads: %d (%s)", allotment.threads, allotment.describe())
     if choose_runtime(spec, config) == "torch":
+        use_torch_threads(allotment.threads)
         model = load_model(spec, keep_layers=needs.blocks_to_run, need_pooler=needs.pooler,
                            need_cls_attention=needs.cls_attention)
         forward = TorchForward(model, needs)
@@ -53,7 +64,7 @@ def load_encoder(spec: ModelSpec, config: Any, views: Sequence[ResolvedView],
         from .runtime_openvino import openvino_forward  # why here: openvino is optional
 
         wanted = dtype_name(resolve_dtype(spec.dtype, torch.device("cpu")))
-        model, forward = openvino_forward(spec, config, needs, wanted)
+        model, forward = openvino_forward(spec, config, needs, wanted, allotment.threads)
         if forward.precision != wanted:
             log.info("model.dtype: openvino runs %s on this CPU (asked for %s)",
                      forward.precision, wanted)

@@ -74,12 +74,17 @@ HINTS = {v: k for k, v in PRECISIONS.items()}
 exports_made = 0
 
 
+def cache_base() -> Path:
+    """bertpipe's cache folder: `$BERTPIPE_CACHE_DIR`, default `~/.cache/bertpipe` (exported
+    models here, runtime calibrations in calibrate.py)."""
+    base = os.environ.get(CACHE_ENV)
+    return Path(base).expanduser() if base else Path.home() / ".cache" / "bertpipe"
+
+
 def cache_root() -> Path:
     """Where exported models live: `$BERTPIPE_CACHE_DIR/openvino`, default
     `~/.cache/bertpipe/openvino`."""
-    base = os.environ.get(CACHE_ENV)
-    root = Path(base).expanduser() if base else Path.home() / ".cache" / "bertpipe"
-    return root / "openvino"
+    return cache_base() / "openvino"
 
 
 # ---- the exported graph ---------------------------------------------------------------
@@ -295,8 +300,8 @@ class OpenVINOForward:
         return states, outputs[-1] if self.cls_attention else None
 
 
-def openvino_forward(spec: ModelSpec, config: Any, needs: ForwardNeeds, precision: str
-                     ) -> tuple[LoadedModel, OpenVINOForward]:
+def openvino_forward(spec: ModelSpec, config: Any, needs: ForwardNeeds, precision: str,
+                     threads: int) -> tuple[LoadedModel, OpenVINOForward]:
     """The model's facts and the job's graph as a forward pass, exported if not cached.
 
     On a cache hit no torch model is built: the graph holds the weights, and the tokenizer
@@ -326,8 +331,7 @@ def openvino_forward(spec: ModelSpec, config: Any, needs: ForwardNeeds, precisio
 
         entry = cached_export(key, export_to)
         model.module = WEIGHTLESS  # the graph has the weights now: free the torch copy
-    return model, OpenVINOForward(entry, layers, needs.cls_attention, precision,
-                                  threads=torch.get_num_threads())
+    return model, OpenVINOForward(entry, layers, needs.cls_attention, precision, threads)
 
 
 # Stands in for the torch module once the graph holds the weights (nothing calls it).

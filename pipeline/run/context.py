@@ -14,18 +14,18 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import BertpipeError, PartitionError, UnreadableInputError
 from ..extract.modelfiles import model_fingerprint
 from ..extract.preflight import Plan as CheckedPlan
 from ..extract.preflight import preflight
-from ..extract.source import Partition, input_identity
+from ..extract.source import Partition, input_identity, read_partition
 from ..spec import Job
 from ..stores import Staging
 from ..stores.markers import PartitionMarker
-from ..stores.provenance import InputFile
+from ..stores.provenance import InputFile, RuntimeChoice
 from .executors import Executor, Failures, OnDone
 from .output import OutputSession
 from .record import OnPlan, RunSummary, collect, now_iso
@@ -60,6 +60,32 @@ class RunContext:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
+
+
+def decide_runtime(ctx: RunContext, force: bool = False) -> RuntimeChoice | None:
+    """The runtime and dtype this run's workers use (extract/calibrate.py): decided once,
+    here on the client, so every worker runs the same and a store never mixes them."""
+    from ..extract.calibrate import decide  # why here: dry runs and validate never measure
+
+    return decide(ctx.job, ctx.model["weights_sha256"], lambda: sample_texts(ctx), force)
+
+
+def sample_texts(ctx: RunContext, chars: int = 200_000) -> list[str | None]:
+    """The input's first texts, partition by partition, up to about `chars` characters
+    (more than calibration's few batches need, at ~4 characters a token)."""
+    texts: list[str | None] = []
+    for part in ctx.parts:
+        texts += read_partition(ctx.job.input, part).texts
+        if sum(len(t or "") for t in texts) >= chars:
+            break
+    return texts
+
+
+def with_choice(job: Job, choice: RuntimeChoice | None) -> Job:
+    """The job as the workers run it: runtime and dtype as decided (unchanged if None)."""
+    if choice is None:
+        return job
+    return replace(job, model=replace(job.model, runtime=choice.runtime, dtype=choice.dtype))
 
 
 def run_fingerprint(job: Job, model: dict[str, Any]) -> str:

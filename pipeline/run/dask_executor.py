@@ -1,7 +1,8 @@
 """Running partitions as Dask tasks: a local cluster, or an existing scheduler.
 
-Each worker loads the model once (a `WorkerPlugin`), sets torch's thread count to its own
-threads, and writes its partitions straight into the store's staging area; the client
+Each worker loads the model once (a `WorkerPlugin`), runs it on the threads it was given
+(extract/threads.py: its own threads, capped by its cgroup quota, affinity and
+OMP_NUM_THREADS), and writes its partitions straight into the store's staging area; the client
 only submits, watches and commits. A partition is one task with `retries`; a worker
 killed mid-task has its task rerun elsewhere, which writes the same bits.
 
@@ -29,6 +30,7 @@ from distributed import WorkerPlugin
 from ..errors import BertpipeError, JobError, SchedulerError, first_line
 from ..extract.partition import Extractor
 from ..extract.source import Partition
+from ..extract.threads import WAIT_KEYS, WAIT_POLICY, allot
 from ..io.location import register_options
 from ..spec import Job
 from ..stores import Staging
@@ -72,7 +74,10 @@ class ExtractorPlugin(WorkerPlugin):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         # the store's options, as the client has them (`${NAME}` read from this worker's env)
         register_options(self.job.output.path, self.job.output.storage_options)
-        self.threads = self.torch_threads or worker.state.nthreads
+        allotment = allot(self.torch_threads or worker.state.nthreads)
+        self.threads = allotment.threads
+        log.debug("worker %s: %d encoder threads (%s)", worker.name, self.threads,
+                  allotment.describe())
         self.encoder = ThreadPoolExecutor(1, thread_name_prefix="bertpipe-encode")
         self.writing = threading.Semaphore(1)
 
@@ -117,7 +122,7 @@ class ExtractorPlugin(WorkerPlugin):
         torch.set_num_threads(self.threads)
         if self._extractor is None:
             try:
-                self._extractor = Extractor(self.job)
+                self._extractor = Extractor(self.job, threads=self.threads)
             except BertpipeError as exc:
                 raise _ModelUnusable(exc) from None
         return encode_partition(self._extractor, part, fingerprint, on_batch)
@@ -357,10 +362,11 @@ def dashboard_of(client: Any) -> str | None:
 
 
 def _local_shape(job: Job, workers: int | None, threads: int | None) -> tuple[int, int]:
-    """(worker processes, torch threads each): one per GPU, else one sharing the cores."""
+    """(worker processes, torch threads each): one per GPU, else one sharing the CPUs this
+    process was given (its cgroup quota and affinity, not the machine's count)."""
     gpus = _cuda_device_count() if job.model.device != "cpu" else 0
     n = workers or gpus or 1
-    return n, threads or max(1, (os.cpu_count() or 1) // n)
+    return n, threads or max(1, allot().threads // n)
 
 
 @contextlib.contextmanager
@@ -381,6 +387,9 @@ def _local_cluster(job: Job, n: int, threads: int) -> Iterator[Any]:
     # (tuned for many small pandas tasks); a torch worker wants its threads and no trim.
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "OPENBLAS_NUM_THREADS": str(threads), "MALLOC_TRIM_THRESHOLD_": str(2**30)}
+    # idle OpenMP threads sleep rather than spin (extract/threads.py), unless the user chose
+    if not any(key in os.environ for key in WAIT_KEYS):
+        env.update(WAIT_POLICY)
     config = {"distributed.scheduler.allowed-failures": job.execution.retries + 1}
     with dask.config.set(config):
         if gpus:

@@ -44,7 +44,7 @@ from ..stores.ownership import inspect_output
 from ..stores.provenance import ModelInfo, Provenance, is_complete
 from .assemble import Assembly, Derived, Source, assemble, streamed_version
 from .compare import Changes, StoreRows, compare
-from .context import PartitionWork, RunContext, run_partitions
+from .context import PartitionWork, RunContext, run_partitions, with_choice
 from .executors import Executor, OnDone, executor_for
 from .output import OutputSession
 from .record import OnPlan, RunSummary, now_iso, run_record, software_versions
@@ -89,7 +89,9 @@ def run_incremental(ctx: RunContext, executor: Executor | None, on_done: OnDone 
             f"to encode ({changes.copied} rows copy an identical text)")
         staging, delta_job, parts, delta_fp = _stage_delta(ctx, store, changes,
                                                            output.lock.fence())
-        work = PartitionWork(delta_job, parts, staging, delta_fp,
+        # the runtime and dtype the store was made with: its versions never mix them
+        work = PartitionWork(with_choice(delta_job, current.runtime_choice), parts, staging,
+                             delta_fp,
                              label="partitions of the texts to encode",
                              describe=lambda p: f"partition {p.index} of the texts to encode",
                              unchanged=f"; the store is unchanged (version {current.version})")

@@ -25,9 +25,16 @@ from ..post.apply import fit_view
 from ..spec import Job, check_incremental
 from ..stores import Layout, Staging, store_at
 from ..stores.markers import MarkerTotals
-from ..stores.provenance import InputFile, RunRecord
+from ..stores.provenance import InputFile, RunRecord, RuntimeChoice
 from .checks import check_output_where
-from .context import PartitionWork, RunContext, run_fingerprint, run_partitions
+from .context import (
+    PartitionWork,
+    RunContext,
+    decide_runtime,
+    run_fingerprint,
+    run_partitions,
+    with_choice,
+)
 from .executors import Executor, InProcessExecutor, OnDone, executor_for
 from .incremental import run_incremental
 from .output import OutputSession, Plan, assess
@@ -103,13 +110,17 @@ def full_run(ctx: RunContext, executor: Executor | None, on_done: OnDone | None 
     if assess(job, plan, overwrite)[0] == "complete":
         summary.already_complete = True
         return summary
+    # measured (or read from the cache) before anything is created: a cache that cannot be
+    # written is refused with the store untouched
+    choice = decide_runtime(ctx)
     executor = executor or executor_for(job, say)
     with executor, output:
         staging = output.prepare(job, plan, overwrite)
         if staging is None:
             summary.already_complete = True
             return summary
-        work = PartitionWork(job, parts, staging, ctx.fingerprint, describe=_partition_named)
+        work = PartitionWork(with_choice(job, choice), parts, staging, ctx.fingerprint,
+                             describe=_partition_named)
         try:
             markers, ran = run_partitions(work, executor, output, summary, on_done, on_plan)
         finally:
@@ -118,7 +129,7 @@ def full_run(ctx: RunContext, executor: Executor | None, on_done: OnDone | None 
         record = run_record("full", 0, ctx.started_at, ctx.identity, totals, ctx.elapsed(),
                             output.took_over)
         commit_store(job, staging, parts, totals, ctx.model, ctx.fingerprint, ctx.identity,
-                     record)
+                     record, choice)
     summary.rows = summary.added = parts[-1].row_stop
     summary.chunks = totals.chunks
     summary.tokens = totals.tokens
@@ -136,7 +147,8 @@ def _partition_named(p: Partition) -> str:
 
 def commit_store(job: Job, staging: Staging, parts: Sequence[Partition], totals: MarkerTotals,
                  model: dict[str, Any], fingerprint: str,
-                 identity: tuple[InputFile, ...] = (), record: RunRecord | None = None) -> None:
+                 identity: tuple[InputFile, ...] = (), record: RunRecord | None = None,
+                 choice: RuntimeChoice | None = None) -> None:
     layout = Layout(
         indices=[p.index for p in parts],
         n_docs=parts[-1].row_stop,
@@ -146,7 +158,8 @@ def commit_store(job: Job, staging: Staging, parts: Sequence[Partition], totals:
         has_tokens=bool(job.token_views),
     )
     provenance = replace(build_provenance(job, totals, model, fingerprint),
-                         input_identity=identity, history=(record,) if record else ())
+                         input_identity=identity, history=(record,) if record else (),
+                         runtime_choice=choice)
     fmt = store_at(job.output.path, job.output.format)
     staging.confirm("commit")
     fmt.commit(staging, layout, provenance)

@@ -136,6 +136,35 @@ class FileSum:
 
 
 @dataclass(frozen=True)
+class CandidateRow:
+    """One runtime and dtype as calibration measured it on this machine."""
+
+    runtime: str
+    dtype: str
+    tokens_per_s: float  # the job's own chunks through the encoder (0: not run)
+    min_cosine: float  # lowest over every row and view, against torch float32
+    agrees: bool  # min_cosine >= the threshold: it may be chosen
+    chosen: bool
+    note: str = ""  # why it is out, when it is
+
+
+@dataclass(frozen=True)
+class RuntimeChoice:
+    """What ran the encoder and why: `by` the job (it fixed both, or left one candidate),
+    a calibration measured now, or the cached one of an earlier calibration."""
+
+    runtime: str
+    dtype: str
+    by: str  # job | calibration | cache
+    table: tuple[CandidateRow, ...] = ()
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> RuntimeChoice:
+        return cls(str(raw["runtime"]), str(raw["dtype"]), str(raw["by"]),
+                   tuple(CandidateRow(**row) for row in raw.get("table") or ()))
+
+
+@dataclass(frozen=True)
 class Provenance:
     format_version: int
     run_fingerprint: str
@@ -158,6 +187,8 @@ class Provenance:
     version: int = 0
     # one entry per run that wrote the store, oldest first (empty in older stores)
     history: tuple[RunRecord, ...] = ()
+    # how model.runtime and model.dtype were resolved (None: stores before calibration, GPU)
+    runtime_choice: RuntimeChoice | None = None
 
     @property
     def views(self) -> list[str]:
@@ -212,6 +243,8 @@ class Provenance:
                 runtime=list(raw.get("runtime", ["torch"])),  # stores before runtimes: torch
                 version=version_of(raw),
                 history=tuple(RunRecord.from_dict(r) for r in raw.get("history") or ()),
+                runtime_choice=RuntimeChoice.from_dict(raw["runtime_choice"])
+                if raw.get("runtime_choice") else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"{where}: damaged provenance ({type(exc).__name__}: {exc})") from None

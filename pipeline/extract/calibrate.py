@@ -1,0 +1,315 @@
+"""What `model.runtime: auto` and `model.dtype: auto` mean on this CPU, decided by measurement.
+
+Which runtime and precision is fastest depends on the CPU (bf16 is fast with AMX, slower
+than float32 without it: measured 1.5x slower on AVX512 without AMX, ~4x on AVX2), on
+the model and on the job's texts, so it is timed rather than guessed from CPU flags.
+
+The candidates are what the job leaves open and this machine offers:
+
+    torch float32                       always (the reference)
+    torch bfloat16                      when the CPU has avx512_bf16 or amx_bf16
+    openvino float32, openvino bfloat16 when openvino is installed and runs the model
+                                        (bfloat16 again only on a CPU with bf16)
+
+Each is loaded and run on a few real batches of the job's own texts (one warm-up batch,
+then TIMED_BATCHES batches' worth of tokens, the candidates in turns, best of REPEATS),
+and its vectors for every view are compared with torch float32's on the same chunks: a
+candidate whose cosine falls below MIN_COSINE on any row of any view is out, however
+fast. The fastest one left wins.
+
+The decision is cached in `<BERTPIPE_CACHE_DIR or ~/.cache/bertpipe>/calibration/`, one
+JSON file per key: the CPU (model name and flags), the torch, transformers and openvino
+versions, the weights' SHA-256, the views' definitions and what the job left open. Another
+key measures again; a damaged file is measured again with a warning. A run decides once on
+the client and hands the decision to every worker, so a store never mixes runtimes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import BertpipeError, ModelError
+from ..spec import Job
+from ..stores.provenance import CandidateRow, RuntimeChoice
+from .chunking import chunk_partition
+from .model import cpu_has_bf16, load_config, resolve_device
+from .partition import Extractor
+from .runtime_choice import openvino_installed, openvino_supports
+from .runtime_openvino import CACHE_ENV, cache_base
+
+log = logging.getLogger(__name__)
+
+CALIBRATION_FORMAT = 1  # bump when what is measured or how changes: old entries unused
+MIN_COSINE = 0.9995  # per row, against torch float32, on every view
+TIMED_BATCHES = 3  # batches' worth of tokens timed, after one warm-up batch
+REPEATS = 3  # timed passes per candidate, in turns; the fastest counts (shared nodes)
+REFERENCE = ("torch", "float32")
+
+# A candidate as loaded for measuring: (runtime, dtype) -> its extractor; tests inject
+# candidates through it.
+Loader = Callable[[Job, str, str], Extractor]
+
+
+@dataclass(frozen=True)
+class Measured:
+    runtime: str
+    dtype: str
+    seconds: float  # the fastest timed pass
+    tokens: int  # real tokens in the timed pass
+    vectors: dict[str, np.ndarray]  # view -> rows
+
+
+def candidates(job: Job, config: Any) -> list[tuple[str, str]]:
+    """(runtime, dtype) pairs the job leaves open on this machine; [] on a GPU (auto keeps
+    its rules there: torch, bf16 or f16 by what the GPU supports)."""
+    spec = job.model
+    if resolve_device(spec.device).type == "cuda":
+        return []
+    runtimes = [spec.runtime] if spec.runtime != "auto" else \
+        ["torch"] + (["openvino"] if openvino_installed() and openvino_supports(config) else [])
+    dtypes = [spec.dtype] if spec.dtype != "auto" else \
+        ["float32"] + (["bfloat16"] if cpu_has_bf16() else [])
+    return [(r, d) for r in runtimes for d in dtypes]
+
+
+def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
+    """The CPU's model name and flags (what decides which kernels run)."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        import platform
+
+        return {"model": platform.processor() or platform.machine(), "flags": []}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())  # the first processor's
+    return {"model": fields.get("model name", ""), "flags": sorted(fields.get("flags", "").split())}
+
+
+def runtime_versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {}
+    for name in ("torch", "transformers", "openvino"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = ""
+    return out
+
+
+def calibration_key(job: Job, weights_sha256: dict[str, str], offered: Sequence[tuple[str, str]],
+                    cpu: dict[str, Any] | None = None,
+                    versions: dict[str, str] | None = None) -> dict[str, Any]:
+    """Everything the decision depends on."""
+    return {"format": CALIBRATION_FORMAT, "cpu": cpu or cpu_identity(),
+            "versions": versions or runtime_versions(), "weights_sha256": weights_sha256,
+            "views": job.to_dict()["views"],
+            "candidates": [list(c) for c in offered]}
+
+
+def key_id(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def calibration_dir() -> Path:
+    return cache_base() / "calibration"
+
+
+def decide(job: Job, weights_sha256: dict[str, str], texts: Callable[[], list[str | None]],
+           force: bool = False, load: Loader | None = None,
+           key: dict[str, Any] | None = None) -> RuntimeChoice | None:
+    """The runtime and dtype for `job` on this machine: the job's own when it fixes both,
+    else the cached decision for this key, else measured (`force`: measured whatever the
+    cache holds, and cached). `texts()` gives the job's texts to measure on. None on a GPU."""
+    config = load_config(job.model)
+    offered = candidates(job, config)
+    if not offered:
+        return None
+    if len(offered) == 1 and not force:
+        return RuntimeChoice(*offered[0], by="job")
+    key = key or calibration_key(job, weights_sha256, offered)
+    path = calibration_dir() / f"{key_id(key)}.json"
+    if not force:
+        cached = read_cached(path, key, offered)
+        if cached is not None:
+            return cached
+    writable(path.parent)  # before measuring: a cache that cannot be kept fails first
+    choice = measure(job, offered, texts(), load or load_candidate)
+    write_cached(path, key, choice)
+    return choice
+
+
+def read_cached(path: Path, key: dict[str, Any], offered: Sequence[tuple[str, str]]
+                ) -> RuntimeChoice | None:
+    """The decision cached for `key`, or None (absent, another key, or damaged: warned)."""
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("calibration cache %s is unreadable (%s); measuring again", path,
+                    type(exc).__name__)
+        return None
+    try:
+        if raw["key"] != key:
+            return None
+        choice = raw["choice"]
+        if (choice["runtime"], choice["dtype"]) not in offered:
+            raise ValueError("a candidate not offered")
+        table = tuple(CandidateRow(**row) for row in choice["table"])
+        return RuntimeChoice(str(choice["runtime"]), str(choice["dtype"]), "cache", table)
+    except (KeyError, TypeError, ValueError) as exc:
+        log.warning("calibration cache %s is damaged (%s); measuring again", path, exc)
+        return None
+
+
+def writable(folder: Path) -> None:
+    """Make the cache folder, or a one-line error saying which setting to change."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as exc:
+        raise _unwritable(folder, exc) from None
+
+
+def _unwritable(folder: Path, exc: OSError) -> ModelError:
+    return ModelError(f"model.runtime: auto cannot write its calibration in {folder} "
+                      f"({exc.strerror or type(exc).__name__}); set {CACHE_ENV} to a "
+                      "writable folder")
+
+
+def write_cached(path: Path, key: dict[str, Any], choice: RuntimeChoice) -> None:
+    """Write the decision whole or not at all (a temporary file renamed into place)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".calibration-", dir=path.parent)
+        with os.fdopen(fd, "w") as out:
+            json.dump({"key": key, "choice": asdict(choice)}, out, indent=1, sort_keys=True)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache may serve several users
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise _unwritable(path.parent, exc) from None
+
+
+def load_candidate(job: Job, runtime: str, dtype: str) -> Extractor:
+    return Extractor(replace(job, model=replace(job.model, runtime=runtime, dtype=dtype)))
+
+
+def measure(job: Job, offered: Sequence[tuple[str, str]], texts: Sequence[str | None],
+            load: Loader) -> RuntimeChoice:
+    """Time every candidate on the same chunks and check it against torch float32.
+
+    All candidates are loaded, then timed in turns (REPEATS rounds, each candidate once per
+    round, the fastest pass counting): other work on a shared node then slows them alike,
+    where timing one after the other would favour whichever ran in a quiet moment."""
+    start = time.perf_counter()
+    reference = load(job, *REFERENCE)
+    warm, timed = sample(reference, job, texts)
+    loaded: dict[tuple[str, str], Extractor] = {REFERENCE: reference}
+    errors: dict[tuple[str, str], str] = {}
+    for runtime, dtype in offered:
+        if (runtime, dtype) == REFERENCE:
+            continue
+        try:
+            extractor = load(job, runtime, dtype)
+        except BertpipeError as exc:  # e.g. the export fails: out, with why
+            errors[(runtime, dtype)] = str(exc)
+            continue
+        if extractor.runtime.dtype != dtype:  # OpenVINO without bf16 runs float32
+            errors[(runtime, dtype)] = f"runs {extractor.runtime.dtype} on this CPU"
+            continue
+        loaded[(runtime, dtype)] = extractor
+    results = timed_in_turns(loaded, job, warm, timed)
+    table = [row_of(results[REFERENCE], results[c]) if c in results else
+             CandidateRow(c[0], c[1], 0.0, 0.0, False, False, errors.get(c, ""))
+             for c in offered]
+    agreeing = [r for r in table if r.agrees]
+    if not agreeing:
+        raise ModelError(f"model.runtime: auto: no candidate agrees with torch float32 "
+                         f"(cosine >= {MIN_COSINE}); set model.runtime and model.dtype")
+    best = max(agreeing, key=lambda r: r.tokens_per_s)
+    table = [replace(r, chosen=r is best) for r in table]
+    log.info("calibrated in %.1f s: %s %s", time.perf_counter() - start, best.runtime,
+             best.dtype)
+    return RuntimeChoice(best.runtime, best.dtype, "calibration", tuple(table))
+
+
+def sample(extractor: Extractor, job: Job, texts: Sequence[str | None]
+           ) -> tuple[list[list[int]], list[list[int]]]:
+    """(one warm-up batch, TIMED_BATCHES batches) of the texts' chunks, by token budget."""
+    distinct = list(dict.fromkeys(t for t in texts if t and t.strip()))
+    chunked = chunk_partition(distinct, extractor.model.tokenizer, job.chunking,
+                              extractor.budget, extractor.specials)
+    per_batch = job.batching.max_tokens_per_batch
+    warm: list[list[int]] = []
+    timed: list[list[int]] = []
+    used = 0
+    for ids in chunked.chunk_ids:
+        target = warm if used < per_batch else timed
+        target.append(list(ids))
+        used += len(ids)
+        if used >= per_batch * (1 + TIMED_BATCHES):
+            break
+    if not timed:  # a tiny input: time what there is
+        timed = warm
+    if not timed:
+        raise ModelError("model.runtime: auto: the input has no text to calibrate on; set "
+                         "model.runtime and model.dtype")
+    return warm, timed
+
+
+def timed_in_turns(loaded: dict[tuple[str, str], Extractor], job: Job,
+                   warm: list[list[int]], timed: list[list[int]]
+                   ) -> dict[tuple[str, str], Measured]:
+    """Each candidate warmed once (kernels chosen, caches filled: not timed), then timed
+    REPEATS times in turns; its fastest pass and its vectors."""
+    for extractor in loaded.values():
+        extractor.encoder.encode(warm, job.batching)
+    best = {c: float("inf") for c in loaded}
+    vectors: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+    for _ in range(REPEATS):
+        for c, extractor in loaded.items():
+            start = time.perf_counter()
+            vectors[c] = extractor.encoder.encode(timed, job.batching)
+            best[c] = min(best[c], time.perf_counter() - start)
+    tokens = sum(len(s) for s in timed)
+    return {c: Measured(c[0], c[1], best[c], tokens, vectors[c]) for c in loaded}
+
+
+def min_cosine(reference: dict[str, np.ndarray], other: dict[str, np.ndarray]) -> float:
+    """The lowest cosine over every row of every view (NaN or a missing view: -1)."""
+    lowest = 1.0
+    for name, ref in reference.items():
+        got = other.get(name)
+        if got is None or got.shape != ref.shape:
+            return -1.0
+        a, b = ref.astype(np.float64), got.astype(np.float64)
+        na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
+        both_zero = (na == 0) & (nb == 0)  # an all-zero row agrees with itself
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cos = np.where(both_zero, 1.0, (a * b).sum(1) / (na * nb))
+        if np.isnan(cos).any():
+            return -1.0
+        lowest = min(lowest, float(cos.min()))
+    return lowest
+
+
+def row_of(reference: Measured, m: Measured) -> CandidateRow:
+    cosine = min_cosine(reference.vectors, m.vectors)
+    return CandidateRow(m.runtime, m.dtype, round(m.tokens / m.seconds, 1), round(cosine, 7),
+                        cosine >= MIN_COSINE, False,
+                        "" if cosine >= MIN_COSINE else f"disagrees with {' '.join(REFERENCE)}")
