@@ -7,7 +7,8 @@ cost shows, not the model's).
 
 For each step: wall and CPU seconds, bytes written (the process's write accounting,
 `wchar` in /proc/self/io: every byte it wrote, staging included), peak RSS, and the store's
-size on disk after it. Each step is a whole `bertpipe` process.
+size on disk after it. Each step is a whole `bertpipe` process; the last, `gc --keep 1`,
+shows what the store occupies once the versions before the update are expired.
 """
 
 from __future__ import annotations
@@ -165,6 +166,7 @@ def one_size(fmt: str, rows: int, model: Path) -> list[dict[str, Any]]:
     step("no-op update", "extract", str(job), "--incremental", "-q")
     step("verify", "verify", str(store))
     step("open + read", "open", str(store))
+    step("gc --keep 1", "gc", str(store), "--keep", "1")
     return steps
 
 
@@ -190,7 +192,8 @@ def main() -> None:
             full, update = by["full run"], by["update"]
             print(f"{fmt} {rows} rows: the update wrote {update['written'] / full['written']:.1%}"
                   f" of the full run's bytes in {update['wall_s'] / full['wall_s']:.1%} of its "
-                  f"wall time; no-op update {by['no-op update']['wall_s']:.1f}s")
+                  f"wall time; no-op update {by['no-op update']['wall_s']:.1f}s; store after "
+                  f"gc {by['gc --keep 1']['store_mb'] / full['store_mb']:.2f}x the full run's")
     (WORK / "results.json").write_text(json.dumps(results, indent=1))
 
 
