@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -42,7 +42,7 @@ from zarr.storage import WrapperStore
 
 from ..errors import StoreError
 from ..io.location import Location, resolve
-from .base import StagedLevel, StreamedVersion
+from .base import StreamedVersion
 from .columns import StoredColumns
 from .integrity import VerifiedStore
 from .provenance import FileSum, is_complete, recorded_checksums, sealed, version_of
@@ -51,7 +51,6 @@ from .zarr_store import (
     DATA_DIRS,
     LEVEL_DIMS,
     ROWS_PER_CHUNK,
-    TOKEN_FIELDS_NOT_STORED,
     ZarrFormat,
     column_values,
     create_array,
@@ -270,18 +269,13 @@ class IcechunkFormat(ZarrFormat):
     def _version_target(self, version: int) -> Any:
         return self._root()  # a version's arrays are the current ones, updated in place
 
-    def _write_level(self, target: Any, level: StagedLevel, raw: dict[str, Any] | None
-                     ) -> None:
-        parts = level.parts
-        if level.name == "tokens":
-            parts = (t.drop_columns(TOKEN_FIELDS_NOT_STORED) for t in parts)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            updater = _LevelUpdater(target, level.name, level.rows, level.columns,
-                                    level.columns.string_widths(level.files))
-            for table in parts:
-                updater.add(table)
-            updater.close()
+    def _write_arrays(self, target: Any, level: str, parts: Iterator[pa.Table], rows: int,
+                      columns: StoredColumns, widths: dict[str, int]) -> None:
+        """A level's arrays made equal to its parts, writing only the chunks that differ."""
+        updater = _LevelUpdater(target, level, rows, columns, widths)
+        for table in parts:
+            updater.add(table)
+        updater.close()
 
     def write_streamed_version(self, version: int, streamed: StreamedVersion) -> None:
         """The new version's blocks written into the current arrays (only the chunks whose

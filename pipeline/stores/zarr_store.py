@@ -366,8 +366,13 @@ class ZarrFormat(StoreFormat):
             parts = (t.drop_columns(TOKEN_FIELDS_NOT_STORED) for t in parts)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # string arrays: zarr warns the vlen spec is young
-            _write_level(target, level.name, parts, level.rows, level.columns,
-                         level.columns.string_widths(level.files))
+            self._write_arrays(target, level.name, parts, level.rows, level.columns,
+                               level.columns.string_widths(level.files))
+
+    def _write_arrays(self, target: Any, level: str, parts: Iterator[pa.Table], rows: int,
+                      columns: StoredColumns, widths: dict[str, int]) -> None:
+        """A level's arrays from its parts (a new store: every chunk written once)."""
+        _write_level(target, level, parts, rows, columns, widths)
 
     def _write_version_params(self, target: Any, name: str,
                               params: dict[str, np.ndarray]) -> None:
