@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The installed package works: build the wheel, install it (not editable) into a fresh
 # venv, and from a folder outside the repository validate the sample job, run a tiny
-# extract of it into both store formats, verify and inspect the stores.
+# extract of it into every store format, verify and inspect the stores.
 #
 #   tests/packaging/check_wheel.sh            (make check-wheel; CI runs it)
 #
@@ -57,7 +57,7 @@ PY
 BERTPIPE="$WORK/venv/bin/bertpipe"
 SET=(--set "model.path=$MODEL" --set execution.scheduler=synchronous)
 "$BERTPIPE" validate jobs/reviews.yaml --set "model.path=$MODEL"
-for format in zarr parquet; do
+for format in zarr parquet icechunk; do
     store="out/reviews.$format"
     "$BERTPIPE" extract jobs/reviews.yaml "${SET[@]}" --set "output.format=$format" \
         --set "output.path=$store"
@@ -70,4 +70,4 @@ import pipeline
 store = pipeline.open_store('out/reviews.zarr')
 assert store.vectors('mean').shape == ($ROWS, 384), store.vectors('mean').shape
 "
-step "OK: the wheel validates, extracts $ROWS rows into zarr and parquet, verifies, inspects"
+step "OK: the wheel validates, extracts $ROWS rows into zarr, parquet and icechunk, verifies, inspects"
