@@ -195,3 +195,33 @@ def test_a_commit_that_meets_another_writers_commit_is_refused(
     with pytest.raises(KeyError):
         fresh.read_params("b")
     assert verify_store(job.output.path) == []
+
+
+def test_the_plain_reader_lines_of_the_docs_run(tmp_path: Path, tiny_bert: Path) -> None:
+    """The Python block of docs/store.md's Icechunk section, as written (the store's path
+    aside), on a store updated once: it opens the current version without bertpipe and
+    lists both versions."""
+    import re
+
+    from tests.conftest import REPO
+
+    texts = _texts(12)
+    source = _input(tmp_path / "in.parquet", texts[:10])
+    job = _job(tmp_path, tiny_bert, source, incremental=True)
+    run_job(job)
+    _input(source, texts)
+    run_job(job, incremental=True)
+    section = (REPO / "docs" / "store.md").read_text().split("## Icechunk (versioned Zarr)")[1]
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block is not None
+    *statements, last = block.group(1).replace("out/reviews.icechunk",
+                                               job.output.path).strip().splitlines()
+    scope: dict[str, Any] = {}
+    exec("\n".join(statements), scope)  # noqa: S102
+    versions = eval(last.split("#")[0], scope)  # the block's last line lists the versions
+    store = pipeline.open_store(job.output.path)
+    np.testing.assert_array_equal(scope["docs"]["mean"].values, store.vectors("mean"))
+    assert scope["chunks"].sizes["chunk"] == store.chunks.sizes["chunk"]
+    messages = [message for message, _ in versions]
+    assert messages[:1] == ["bertpipe: version 1 (complete)"]
+    assert "bertpipe: version 0 (complete)" in messages
