@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -152,38 +150,38 @@ else:
 """
 
 
-# imported once by the fork server, so that each isolated row starts warm
-PRELOAD = ["pipeline", "pipeline.cli", "pipeline.errors", "pipeline.stores", "numpy",
-           "pyarrow.parquet", "zarr", "xarray", "tests.test_bad_inputs_damage"]
+# imported once by the fork server, so that each isolated row starts warm (not torch: no
+# command of the table loads a model)
+PRELOAD = ["pipeline", "pipeline.cli", "pipeline.errors", "pipeline.api", "pipeline.stores",
+           "pipeline.stores.verify", "pipeline.stores.zarr_store", "pipeline.analysis.inspect",
+           "pipeline.analysis.search", "pipeline.post.apply", "pipeline.post.geometry"]
 
-
-def _driver(code: str, argv: list[str], stdout: str, stderr: str) -> None:
-    """In the child: the driver `code` with `argv`, its output to the files `stdout` and `stderr`
-    (file descriptors 1 and 2 too, so that whatever a crash prints is kept)."""
-    for fd, name in ((1, stdout), (2, stderr)):
-        target = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(target, fd)
-        os.close(target)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-    sys.argv = ["-c", *argv]
-    try:
-        exec(compile(code, "<driver>", "exec"), {"__name__": "__main__"})
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+# Run first in the child: its output to the files STDOUT and STDERR (file descriptors 1 and
+# 2 too, so that whatever a crash prints is kept), then the driver with ARGV.
+PROLOGUE = """
+import os, sys
+for fd, name in ((1, STDOUT), (2, STDERR)):
+    target = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(target, fd)
+    os.close(target)
+sys.stdout = open(1, "w", buffering=1, closefd=False)
+sys.stderr = open(2, "w", buffering=1, closefd=False)
+sys.argv = ["-c", *ARGV]
+"""
 
 
 def _isolated(argv: list[str], folder: Path, code: str = DRIVER) -> tuple[int, str]:
     """(exit code, stdout + stderr) of the driver `code` run with `argv` in a process of
     its own: a crash there is a negative exit code (the signal), as a subprocess's return
-    code is."""
+    code is. The child runs `exec` on the code alone, so it imports nothing of the tests."""
     import multiprocessing
 
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     stdout, stderr = folder / "driver.stdout", folder / "driver.stderr"
-    child = context.Process(target=_driver, args=(code, argv, str(stdout), str(stderr)))
+    names = {"__name__": "__main__", "ARGV": argv, "STDOUT": str(stdout),
+             "STDERR": str(stderr)}
+    child = context.Process(target=exec, args=(PROLOGUE + code, names))
     child.start()
     child.join(600)
     if child.exitcode is None:
