@@ -1,17 +1,16 @@
 """Damaged stores, as a table: each row damages a fresh copy of a finished store, runs a
 command that reads it, and expects an exit code, a fragment of the one-line message
 naming the array or file, no crash and no traceback, and the damaged store left exactly
-as it was. Truncated Zarr chunks (a crash in the codec, once) run in a subprocess, so
-that a crash shows as a negative return code instead of killing the test run."""
+as it was. Truncated Zarr chunks (a crash in the codec, once) run in a process of their
+own, so that a crash shows as a negative return code instead of killing the test run: a
+child of a fork server that has imported bertpipe once (a fresh interpreter per row spent
+seconds on imports alone), each child a process of its own that runs the driver below."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,7 +29,7 @@ from pipeline.run.runner import run_job
 from pipeline.spec import Job
 from pipeline.stores import detect_format
 from pipeline.stores.zarr_store import ZarrFormat
-from tests.conftest import REPO, job_dict, store_schema_errors, write_table
+from tests.conftest import job_dict, store_schema_errors, write_table
 
 pytestmark = pytest.mark.table  # hundreds of CLI runs: make test, not make test-fast
 
@@ -151,16 +150,56 @@ else:
 """
 
 
+# imported once by the fork server, so that each isolated row starts warm (not torch: no
+# command of the table loads a model)
+PRELOAD = ["pipeline", "pipeline.cli", "pipeline.errors", "pipeline.api", "pipeline.stores",
+           "pipeline.stores.verify", "pipeline.stores.zarr_store", "pipeline.analysis.inspect",
+           "pipeline.analysis.search", "pipeline.post.apply", "pipeline.post.geometry"]
+
+# Run first in the child: its output to the files STDOUT and STDERR (file descriptors 1 and
+# 2 too, so that whatever a crash prints is kept), then the driver with ARGV.
+PROLOGUE = """
+import os, sys
+for fd, name in ((1, STDOUT), (2, STDERR)):
+    target = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(target, fd)
+    os.close(target)
+sys.stdout = open(1, "w", buffering=1, closefd=False)
+sys.stderr = open(2, "w", buffering=1, closefd=False)
+sys.argv = ["-c", *ARGV]
+"""
+
+
+def _isolated(argv: list[str], folder: Path, code: str = DRIVER) -> tuple[int, str]:
+    """(exit code, stdout + stderr) of the driver `code` run with `argv` in a process of
+    its own: a crash there is a negative exit code (the signal), as a subprocess's return
+    code is. The child runs `exec` on the code alone, so it imports nothing of the tests."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    stdout, stderr = folder / "driver.stdout", folder / "driver.stderr"
+    names = {"__name__": "__main__", "ARGV": argv, "STDOUT": str(stdout),
+             "STDERR": str(stderr)}
+    child = context.Process(target=exec, args=(PROLOGUE + code, names))
+    child.start()
+    child.join(600)
+    if child.exitcode is None:
+        child.kill()
+        child.join()
+        raise TimeoutError(f"the driver ran for 600 s: {argv}")
+    output = [f.read_text() if f.exists() else "" for f in (stdout, stderr)]
+    return child.exitcode, "".join(output)
+
+
 def run_command(command: str, store: Path, isolated: bool,
                 job: Job | None = None) -> tuple[int, str]:
     """(exit code, stdout + stderr) of one command against `store`; `isolated` runs it in
-    a subprocess, where a crash is a negative return code; `job` is what `rerun` runs."""
+    a process of its own, where a crash is a negative return code; `job` is what `rerun`
+    runs."""
     args = [a.format(store=store) for a in COMMANDS[command]]
     if isolated:
-        argv = [sys.executable, "-c", DRIVER, *(args or [command, str(store)])]
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
-        return proc.returncode, proc.stdout + proc.stderr
+        return _isolated(args or [command, str(store)], store.parent)
     if command == "vectors()":
         return _in_process(lambda: pipeline.open_store(store).vectors("mean"))
     if command == "rerun":

@@ -100,12 +100,18 @@ def extract(job: Path, *args: str, env: dict[str, str] | None = None) -> str:
 
 
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory: pytest.TempPathFactory, source: Path, minilm: Path
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A cluster for the runs that kill no worker (started once): its address."""
+    with dask_cluster(tmp_path_factory.mktemp("cluster")) as (address, _):
+        yield address
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory, source: Path, minilm: Path, cluster: str
           ) -> dict[str, pipeline.Store]:
     """Reference stores: an uninterrupted cluster run and an in-process run."""
     tmp = tmp_path_factory.mktemp("clean")
-    with dask_cluster(tmp) as (address, _):
-        extract(make_job(tmp, source, minilm, "cluster"), "--scheduler", address)
+    extract(make_job(tmp, source, minilm, "cluster"), "--scheduler", cluster)
     extract(make_job(tmp, source, minilm, "inproc", threads_per_worker=1))
     return {"cluster": pipeline.open_store(tmp / "cluster.zarr"),
             "inproc": pipeline.open_store(tmp / "inproc.zarr")}
@@ -154,25 +160,26 @@ def test_killed_worker_mid_job_gives_identical_store(tmp_path: Path, source: Pat
 
 
 def test_killed_client_resumes_to_identical_store(tmp_path: Path, source: Path, minilm: Path,
-                                                  clean: dict[str, pipeline.Store]) -> None:
+                                                  clean: dict[str, pipeline.Store],
+                                                  cluster: str) -> None:
+    """The client dies; the cluster it ran on lives on, and the retry runs there."""
     job = make_job(tmp_path, source, minilm, "resumed")
     parts = tmp_path / "resumed.zarr" / "_bertpipe" / "parts"
-    with dask_cluster(tmp_path) as (address, _):
-        runner = subprocess.Popen([*BERTPIPE, "extract", str(job), "--scheduler", address],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_for(lambda: len(list(parts.glob("*.done.json"))) >= 3, 120)
-        runner.send_signal(signal.SIGKILL)
-        runner.wait()
-        with pytest.raises(pipeline.errors.StoreError, match="incomplete"):
-            pipeline.open_store(tmp_path / "resumed.zarr")
-        env = {"DASK_SCHEDULER_ADDRESS": address}
-        # another partitioning cannot reuse the parts: refused before it takes the lock
-        other = CliRunner(env=env).invoke(main, ["extract", str(job), "--set",
-                                                 "execution.partition_rows=16"])
-        assert other.exit_code == 5 and "execution.partition_rows=8" in other.stderr
-        # a killed run cannot release its lock: the scheduler's plain retry takes it over
-        # (the address from the environment, as a scheduled job has it) and resumes
-        out = extract(job, env=env)
+    runner = subprocess.Popen([*BERTPIPE, "extract", str(job), "--scheduler", cluster],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_for(lambda: len(list(parts.glob("*.done.json"))) >= 3, 120)
+    runner.send_signal(signal.SIGKILL)
+    runner.wait()
+    with pytest.raises(pipeline.errors.StoreError, match="incomplete"):
+        pipeline.open_store(tmp_path / "resumed.zarr")
+    env = {"DASK_SCHEDULER_ADDRESS": cluster}
+    # another partitioning cannot reuse the parts: refused before it takes the lock
+    other = CliRunner(env=env).invoke(main, ["extract", str(job), "--set",
+                                             "execution.partition_rows=16"])
+    assert other.exit_code == 5 and "execution.partition_rows=8" in other.stderr
+    # a killed run cannot release its lock: the scheduler's plain retry takes it over
+    # (the address from the environment, as a scheduled job has it) and resumes
+    out = extract(job, env=env)
     assert f"took over the lock of host {socket.gethostname()}, pid {runner.pid}" in out
     assert "resuming:" in out and "skipped 0," not in out
     assert_same(pipeline.open_store(tmp_path / "resumed.zarr"), clean["cluster"])

@@ -73,14 +73,21 @@ def test_weighted_mean_equals_mean_over_all_token_vectors(store: pipeline.Store,
     chunk_tokens = store.chunks["n_tokens"].values
     for row in (0, 5, 9):
         ids = tok(topics[row], add_special_tokens=False)["input_ids"]
-        token_vectors, offset = [], 0
+        windows, offset = [], 0
         for n in chunk_tokens[doc_of_chunk == row]:
-            window = [tok.cls_token_id, *ids[offset : offset + n - 2], tok.sep_token_id]
+            windows.append([tok.cls_token_id, *ids[offset : offset + n - 2], tok.sep_token_id])
             offset += n - 2
-            with torch.inference_mode():
-                out = model(input_ids=torch.tensor([window]))
-            token_vectors.append(out.last_hidden_state[0].double().numpy())
         assert offset == len(ids)
+        token_vectors = []
+        for start in range(0, len(windows), 16):  # padded batches, each window masked
+            batch = windows[start : start + 16]
+            longest = max(map(len, batch))
+            input_ids = torch.tensor([w + [tok.pad_token_id] * (longest - len(w)) for w in batch])
+            mask = torch.tensor([[1] * len(w) + [0] * (longest - len(w)) for w in batch])
+            with torch.inference_mode():
+                out = model(input_ids=input_ids, attention_mask=mask)
+            token_vectors += [out.last_hidden_state[i, : len(w)].double().numpy()
+                              for i, w in enumerate(batch)]
         expected = np.concatenate(token_vectors).mean(0)
         np.testing.assert_allclose(store.vectors("mean")[row], expected, atol=2e-5)
         # other poolings aggregate the same way: chunk vectors weighted by chunk tokens

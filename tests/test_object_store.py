@@ -769,19 +769,23 @@ def test_secrets_are_never_written(sample: tuple[str, Path], tiny_bert: Path, tm
 
 @pytest.mark.slow  # end to end (real processes, servers or a browser): not in make test-fast
 def test_killed_client_resumes_to_an_identical_store(
-        s3: str, tiny_bert: Path, tmp_path: Path) -> None:
+        sample: tuple[str, Path], tiny_bert: Path, tmp_path: Path) -> None:
     """SIGKILL mid-run: nothing reads as complete; a second run meanwhile is refused; the
     rerun (a scheduler's plain retry: no `bertpipe unlock`) takes over the dead client's
-    lock, skips the finished parts and gives the store a clean run gives."""
-    local = tmp_path / "reviews.parquet"
-    pq.write_table(pq.read_table(REVIEWS), local, row_group_size=64)
-    upload(local, f"{s3}/in/reviews.parquet")
-    out = f"{s3}/out/r.zarr"
-    job = secret_job(f"{s3}/in", tiny_bert, out, partition_rows=8)
+    lock, skips the finished parts and gives the store a clean run gives. The client is
+    paused (SIGSTOP) once two partitions are staged, so it is mid-run when the second run
+    tries and when it is killed, however fast or loaded the machine."""
+    url, local = sample
+    out = f"{url.rsplit('/', 1)[0]}/killed/r.zarr"
+    job = secret_job(url, tiny_bert, out, partition_rows=8)
     job_file = write_job(tmp_path / "job.yaml", job)
     reference = write_job(tmp_path / "ref.yaml", e2e_job(local, tiny_bert, tmp_path / "ref.zarr",
                                                           "zarr", partition_rows=8))
     assert run("extract", reference).exit_code == 0
+    import pipeline
+
+    total = pipeline.open_store(tmp_path / "ref.zarr").provenance.stats["partitions"]
+    assert total == 12  # 96 rows in three files, 8 rows a partition
     env = {"AWS_SECRET_ACCESS_KEY": ENV_SECRET}
     from tests.test_cluster import BERTPIPE, _wait_for
 
@@ -791,6 +795,7 @@ def test_killed_client_resumes_to_an_identical_store(
     markers = storefs.resolve(f"{out}/_bertpipe/parts")
     try:
         _wait_for(lambda: len(markers.glob("*.done.json")) >= 2, 120)
+        client.send_signal(signal.SIGSTOP)  # held mid-run, its lock live
         # one writer at a time: a second run is refused, naming the holder
         second = run("extract", job_file, env=env)
         assert second.exit_code == 5, second.output
@@ -800,8 +805,7 @@ def test_killed_client_resumes_to_an_identical_store(
         client.send_signal(signal.SIGKILL)
         client.wait()
     staged = len(markers.glob("*.done.json"))
-    assert 2 <= staged < 75, staged  # killed mid-run
-    import pipeline
+    assert 2 <= staged < total, staged  # killed mid-run
     from pipeline.errors import StoreError as Refused
 
     with pytest.raises(Refused, match="incomplete"):
@@ -813,7 +817,7 @@ def test_killed_client_resumes_to_an_identical_store(
     assert resumed.exit_code == 0, resumed.output
     assert f"took over the lock of host {socket.gethostname()}, pid {client.pid}" in \
         resumed.stderr and "is no longer running on this host" in resumed.stderr
-    assert f"skipped {staged}, run {75 - staged}" in resumed.stdout
+    assert f"skipped {staged}, run {total - staged}" in resumed.stdout
     got, want = pipeline.open_store(out), pipeline.open_store(tmp_path / "ref.zarr")
     assert_same_arrays(got.docs, want.docs)
     assert got.chunks is not None and want.chunks is not None
@@ -866,35 +870,49 @@ def isolated_cluster(tmp: Path, n_workers: int = 2) -> Iterator[str]:
             p.wait()
 
 
-def worked(address: str) -> dict[str, bool]:
-    """Per worker: whether it loaded the model, i.e. ran partitions."""
+def worked(address: str) -> dict[str, list[str]]:
+    """Per worker: the runs whose model it loaded, i.e. for which it ran partitions (each
+    run's plugin is named after the run)."""
     from distributed import Client
 
-    def loaded(dask_worker: Any) -> bool:
-        return any(getattr(p, "_extractor", None) is not None
-                   for p in dask_worker.plugins.values())
+    def loaded(dask_worker: Any) -> list[str]:
+        return sorted(name for name, p in dask_worker.plugins.items()
+                      if getattr(p, "_extractor", None) is not None)
 
     with Client(address, timeout="60s") as client:
-        return {str(k): bool(v) for k, v in client.run(loaded).items()}
+        return {str(k): list(v) for k, v in client.run(loaded).items()}
+
+
+@pytest.fixture(scope="module")
+def cluster_apart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """One isolated cluster for the runs of this module (started once): its address and
+    its folder, which holds each worker's."""
+    tmp = tmp_path_factory.mktemp("cluster")
+    with isolated_cluster(tmp) as address:
+        yield address, tmp
 
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("fmt", ["zarr", "parquet"])
 def test_cluster_workers_in_their_own_folders_read_and_write_s3(
         sample: tuple[str, Path], e2e: dict[str, str], tiny_bert: Path, tmp_path: Path,
-        fmt: str) -> None:
+        cluster_apart: tuple[str, Path], fmt: str) -> None:
     url, _ = sample
+    address, cluster = cluster_apart
     out = f"{url.rsplit('/', 1)[0]}/cluster/r.{fmt}"
     client_dir = tmp_path / "client"
     client_dir.mkdir()
     # a relative job path and a client-only TMPDIR: what the workers must never need
     write_job(client_dir / "job.yaml", e2e_job(url, tiny_bert, out, fmt, partition_rows=8,
                                                threads_per_worker=1))
-    with isolated_cluster(tmp_path / "cluster") as address:
-        done = bertpipe("extract", "job.yaml", "--scheduler", address, cwd=client_dir,
-                        env={"TMPDIR": str(client_dir)})
-        assert done.returncode == 0, done.stderr
-        assert sorted(worked(address).values()) == [True, True]  # both ran partitions
+    before = worked(address)
+    done = bertpipe("extract", "job.yaml", "--scheduler", address, cwd=client_dir,
+                    env={"TMPDIR": str(client_dir)})
+    assert done.returncode == 0, done.stderr
+    after = worked(address)
+    this_run = {w: set(names) - set(before.get(w, ())) for w, names in after.items()}
+    assert len(this_run) == 2 and all(len(new) == 1 for new in this_run.values()), \
+        (before, after)  # both ran partitions of this run
     import pipeline
 
     got, want = pipeline.open_store(out), pipeline.open_store(e2e[f"{fmt}-local"])
@@ -909,7 +927,7 @@ def test_cluster_workers_in_their_own_folders_read_and_write_s3(
     assert run("verify", out).exit_code == 0
     # nothing was written beside the workers (their scratch folder aside) or the client
     for i in range(2):
-        assert [p.name for p in (tmp_path / "cluster" / f"worker-{i}").iterdir()] == ["tmp"]
+        assert [p.name for p in (cluster / f"worker-{i}").iterdir()] == ["tmp"]
     assert [p.name for p in client_dir.iterdir()] == ["job.yaml"]
 
 

@@ -443,18 +443,29 @@ REAL_TOKEN_VIEWS: dict[str, Any] = {
 }
 
 
+@pytest.fixture(scope="module")
+def real_docs(texts: list[str]) -> list[str]:
+    from pydoc_data.topics import topics
+
+    return texts + [topics["try"]]  # ~1,700 tokens: 4 chunks of 512
+
+
+@pytest.fixture(scope="module")
+def real_reference(minilm: Path, real_docs: list[str]) -> Any:
+    """MiniLM's torch float32 encoding of `real_docs`, every view (made once, for each
+    dtype the test below compares)."""
+    return extractor(minilm, {**REAL_VIEWS, **REAL_TOKEN_VIEWS}, "torch").encode_texts(real_docs)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype, cosine_min", [("float32", 0.9999), ("auto", 0.999)])
-def test_real_model_every_view(minilm: Path, texts: list[str], dtype: str,
-                               cosine_min: float) -> None:
+def test_real_model_every_view(minilm: Path, real_docs: list[str], real_reference: Any,
+                               dtype: str, cosine_min: float) -> None:
     """MiniLM on real reviews and a long document (512-token chunks), every view kind,
     token views included, against torch float32. `auto` is bf16 on a CPU with native bf16
     (documented 0.999; each token vector is held to it as well)."""
-    from pydoc_data.topics import topics
-
-    docs = texts + [topics["try"]]  # ~1,700 tokens: 4 chunks of 512
+    docs, reference = real_docs, real_reference
     views = {**REAL_VIEWS, **REAL_TOKEN_VIEWS}
-    reference = extractor(minilm, views, "torch").encode_texts(docs)
     ex = extractor(minilm, views, "openvino", dtype=dtype)
     got = ex.encode_texts(docs)
     assert got.chunked.n_chunks[-1] > 1
