@@ -71,6 +71,7 @@ def test_full_run_equals_the_zarr_format_and_opens_without_bertpipe(
     assert facts["format"] == "icechunk" and facts["readable_versions"] == [0]
 
 
+@pytest.mark.slow  # several runs each: in make test, not make test-fast
 def test_an_update_writes_only_the_chunks_that_changed(
         tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """160 rows in chunks of 16; one text changed (row 37: chunk 2) and 4 rows added
@@ -103,6 +104,7 @@ def test_an_update_writes_only_the_chunks_that_changed(
     assert verify_store(job.output.path) == []
 
 
+@pytest.mark.slow  # several runs each: in make test, not make test-fast
 def test_time_travel_and_gc(tmp_path: Path, tiny_bert: Path) -> None:
     """Each update is a version open_store can still open, exactly as it was; gc keeps
     the newest N and frees what only the others used."""
@@ -197,6 +199,7 @@ def test_a_commit_that_meets_another_writers_commit_is_refused(
     assert verify_store(job.output.path) == []
 
 
+@pytest.mark.slow  # several runs each: in make test, not make test-fast
 def test_the_plain_reader_lines_of_the_docs_run(tmp_path: Path, tiny_bert: Path) -> None:
     """The Python block of docs/store.md's Icechunk section, as written (the store's path
     aside), on a store updated once: it opens the current version without bertpipe and
