@@ -578,8 +578,19 @@ ROWS = [
         _drop("input.id_column")(raw), _set("output.incremental", True)(raw)))), 2,
         "output.incremental: needs input.id_column"),
     Row("output.incremental with a token view", _cli("validate", _job(lambda raw: (
-        _views(t={"pooling": "tokens"})(raw), _set("output.incremental", True)(raw)))), 2,
-        "output.incremental"),
+        _views(t={"pooling": "tokens"})(raw), _set("output.format", "parquet")(raw),
+        _set("output.incremental", True)(raw)))), 2,
+        "output.incremental: views.t has pooling: tokens"),
+    Row("output.incremental with output.format zarr", _cli("validate", _job(_set(
+        "output.incremental", True))), 2,
+        "output.incremental: a zarr store is written once"),
+    Row("output.incremental with a parquet store on an object store", _cli(
+        "validate", _job(lambda raw: (_set("output.format", "parquet")(raw),
+                                      _set("output.path", "s3://bucket/out.parquet")(raw),
+                                      _set("output.incremental", True)(raw)))), 2,
+        "output.incremental: a parquet store on an object store is not updated"),
+    Row("output.format unknown", _cli("validate", _job(_set("output.format", "delta"))), 2,
+        "output.format: 'delta' is not one of ['zarr', 'parquet', 'icechunk']"),
     Row("output.incremental with output.overwrite", _cli("validate", _job(lambda raw: (
         _set("output.overwrite", True)(raw), _set("output.incremental", True)(raw)))), 2,
         "output.incremental"),
