@@ -228,3 +228,21 @@ def test_the_plain_reader_lines_of_the_docs_run(tmp_path: Path, tiny_bert: Path)
     messages = [message for message, _ in versions]
     assert messages[:1] == ["bertpipe: version 1 (complete)"]
     assert "bertpipe: version 0 (complete)" in messages
+
+
+def test_a_view_whitened_in_place_to_fewer_dimensions(tmp_path: Path, tiny_bert: Path) -> None:
+    """`post:` on a view replaces it in place, here with a narrower one: the same values as
+    the Zarr format's store (which moves a temporary array into place)."""
+    source = _input(tmp_path / "in.parquet", _texts(30))
+    views = {"mean": {"pooling": "mean", "post": {"method": "whiten", "dims": 8}}}
+    stores = {}
+    for fmt in ("icechunk", "zarr"):
+        raw = job_dict(source, tiny_bert, tmp_path / f"w.{fmt}", views=views,
+                       output={"format": fmt})
+        run_job(Job.from_dict(raw))
+        stores[fmt] = pipeline.open_store(tmp_path / f"w.{fmt}")
+    got, want = stores["icechunk"].vectors("mean"), stores["zarr"].vectors("mean")
+    assert got.shape == want.shape == (30, 8)
+    np.testing.assert_array_equal(got, want)
+    assert verify_store(str(tmp_path / "w.icechunk")) == []
+    assert ".mean.tmp" not in plain_docs(tmp_path / "w.icechunk").variables

@@ -47,15 +47,14 @@ from .columns import StoredColumns
 from .integrity import VerifiedStore
 from .provenance import FileSum, is_complete, recorded_checksums, sealed, version_of
 from .zarr_store import (
-    COMPRESSOR,
     DATA_DIRS,
     LEVEL_DIMS,
-    ROWS_PER_CHUNK,
     ZarrFormat,
     column_values,
     create_array,
     describe_arrays,
     write_params_group,
+    write_view,
 )
 
 # Icechunk warns on every open of a repository on local disk that concurrent commits are
@@ -318,27 +317,20 @@ class IcechunkFormat(ZarrFormat):
     def add_view(self, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
                  levels: Sequence[str]) -> None:
         """Write `name` = fn(`source`) block by block at each level, in this handle's
-        session (nobody sees it before the commit, so a view replaced in place needs no
-        temporary name: each block is read before it is written)."""
+        session (nobody sees it before the commit). A view replaced in place is written
+        under a temporary name, then copied over the source (Icechunk 1 has no rename; the
+        width may change, as whitening to fewer dimensions does)."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             root = self._root()
             for level in levels:
                 group = root[level]
-                src = group[source]
-                n = src.shape[0]
-                out: Any = group[name] if name == source else None
-                for start in range(0, n, ROWS_PER_CHUNK):
-                    block = fn(np.asarray(src[start : start + ROWS_PER_CHUNK], dtype=np.float64))
-                    block = block.astype(src.dtype)
-                    if out is None:
-                        out = group.create_array(
-                            name, shape=(n, block.shape[1]), dtype=src.dtype,
-                            chunks=(ICECHUNK_ROWS_PER_CHUNK, block.shape[1]),
-                            compressors=COMPRESSOR, fill_value=np.nan,
-                            dimension_names=(src.metadata.dimension_names[0], f"{name}_dim"),
-                            overwrite=True)
-                    out[start : start + len(block)] = block
+                target = f".{name}.tmp" if name == source else name
+                write_view(group, source, target, name, fn, ICECHUNK_ROWS_PER_CHUNK)
+                if target != name:
+                    write_view(group, target, name, name, lambda block: block,
+                               ICECHUNK_ROWS_PER_CHUNK)
+                    del group[target]
 
     # ---- reading -----------------------------------------------------------------
 

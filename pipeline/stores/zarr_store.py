@@ -85,6 +85,27 @@ def _consolidate(path: str) -> None:
         zarr.consolidate_metadata(path)
 
 
+def write_view(group: Any, source: str, target: str, name: str,
+               fn: Callable[[np.ndarray], np.ndarray], rows_per_chunk: int) -> None:
+    """Array `target` of `group` = fn(array `source`), block by block (`name`: the view's
+    name, which its width dimension is named after). A target that is the source itself is
+    written over in place (each block is read before it is written); any other is made
+    anew, whatever a killed run left under its name."""
+    src = group[source]
+    n = src.shape[0]
+    out: Any = src if target == source else None
+    for start in range(0, n, ROWS_PER_CHUNK):
+        block = fn(np.asarray(src[start : start + ROWS_PER_CHUNK], dtype=np.float64))
+        block = block.astype(src.dtype)
+        if out is None:
+            out = group.create_array(
+                target, shape=(n, block.shape[1]), dtype=src.dtype,
+                chunks=(rows_per_chunk, block.shape[1]), compressors=COMPRESSOR,
+                fill_value=np.nan, overwrite=True,
+                dimension_names=(src.metadata.dimension_names[0], f"{name}_dim"))
+        out[start : start + len(block)] = block
+
+
 def _write_level(root: zarr.Group, level: str, parts: Iterator[pa.Table], n: int,
                  columns: StoredColumns, widths: dict[str, int]) -> None:
     """Every column of a level's parts as one array of the level's group, in row order.
@@ -466,22 +487,9 @@ class ZarrFormat(StoreFormat):
             warnings.simplefilter("ignore")
             root = self._group(writable=True)
             for level in levels:
-                group = root[level]
-                src = group[source]
-                n = src.shape[0]
-                tmp_name = f".{name}.tmp"
-                out: Any = None
-                for start in range(0, n, ROWS_PER_CHUNK):
-                    block = fn(np.asarray(src[start : start + ROWS_PER_CHUNK], dtype=np.float64))
-                    block = block.astype(src.dtype)
-                    if out is None:
-                        out = group.create_array(
-                            tmp_name, shape=(n, block.shape[1]), dtype=src.dtype,
-                            chunks=(_chunk_rows(n), block.shape[1]),
-                            compressors=COMPRESSOR, fill_value=np.nan,
-                            dimension_names=(src.metadata.dimension_names[0], f"{name}_dim"),
-                            overwrite=True)
-                    out[start : start + len(block)] = block
+                group, tmp_name = root[level], f".{name}.tmp"
+                write_view(group, source, tmp_name, name, fn,
+                           _chunk_rows(group[source].shape[0]))
                 _move_array(self.location.child(self._prefix() + level), tmp_name, name)
 
     def write_params(self, name: str, params: dict[str, np.ndarray]) -> None:
