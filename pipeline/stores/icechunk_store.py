@@ -354,15 +354,8 @@ class IcechunkFormat(ZarrFormat):
             return None
         return int(sync(store.getsize(rel)))
 
-    def row_counts(self) -> dict[str, tuple[str, int]]:
-        root: Any = zarr.open_group(self._session().store, mode="r", use_consolidated=False)
-        counts = {}
-        for level in ("docs", "chunks"):
-            if level in root:
-                for name, array in root[level].arrays():
-                    if not name.startswith("."):
-                        counts[f"{level}/{name}"] = (level, int(array.shape[0]))
-        return counts
+    def _plain_root(self) -> Any:
+        return zarr.open_group(self._session().store, mode="r", use_consolidated=False)
 
     def version_numbers(self) -> list[int]:
         return [v.version for v in self.versions()]
