@@ -216,10 +216,8 @@ def _commit(ctx: RunContext, store: StoreData, changes: Changes, staging: Stagin
         assembled = Staging(path, ASSEMBLED)
         assembled.remove_parts()
         layout, stats = assemble(assembly, assembled, ctx.plan.budget)
-        # fitted parameters never change in an update: new rows get the store's transform
-        params = {name: fmt.read_params(name) for name in current.post}
         staging.confirm("write the new version")
-        fmt.write_version(version, assembled, layout, params)
+        fmt.write_version(version, assembled, layout)
     # the history entry of this run (its wall time up to the switch)
     record = run_record("incremental", version, ctx.started_at, ctx.identity, totals,
                         ctx.elapsed(), took_over_lock, rows=changes.rows, added=changes.added,

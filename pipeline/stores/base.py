@@ -177,14 +177,11 @@ class StoreFormat(ABC):
         self._write_data(target, staging, layout, provenance.to_dict())
         self._after_commit(provenance.to_dict())
 
-    def write_version(self, version: int, staging: Staging, layout: Layout,
-                      params: dict[str, dict[str, np.ndarray]]) -> None:
-        """Write a new version's data (and the fitted parameters of its post-processed
-        views) from staged parts beside the current one; readers do not see it yet."""
-        target = self._version_target(version)
-        self._write_data(target, staging, layout, None)
-        for name, values in params.items():
-            self._write_version_params(target, name, values)
+    def write_version(self, version: int, staging: Staging, layout: Layout) -> None:
+        """Write a new version's data from staged parts beside the current one; readers do
+        not see it yet. Fitted parameters of post-processed views never change in an
+        update, so they stay where they are."""
+        self._write_data(self._version_target(version), staging, layout, None)
 
     def write_streamed_version(self, version: int, streamed: StreamedVersion) -> None:
         """Write a new version's data from blocks (formats that write in place); readers
@@ -230,9 +227,6 @@ class StoreFormat(ABC):
         self.write_record(raw)
 
     @abstractmethod
-    def _write_version_params(self, target: Any, name: str,
-                              params: dict[str, np.ndarray]) -> None: ...
-
     @abstractmethod
     def _switch(self, version: int, raw: dict[str, Any], previous: int) -> None:
         """Seal `raw` with the new version's checksums and make it current."""

@@ -295,10 +295,6 @@ class IcechunkFormat(ZarrFormat):
     def _after_commit(self, raw: dict[str, Any]) -> None:
         self.write_record(raw)
 
-    def _write_version_params(self, target: Any, name: str,
-                              params: dict[str, np.ndarray]) -> None:
-        """Fitted parameters never change in an update: kept as they are."""
-
     def _switch(self, version: int, raw: dict[str, Any], previous: int) -> None:
         self._commit(self._sealed(raw, version))
 

@@ -305,10 +305,6 @@ class ParquetFormat(StoreFormat):
         if is_complete(raw):
             self.write_record(raw)
 
-    def _write_version_params(self, target: Location, name: str,
-                              params: dict[str, np.ndarray]) -> None:
-        """Fitted parameters do not change in an update: post/ stays where it is."""
-
     def _switch(self, version: int, raw: dict[str, Any], previous: int) -> None:
         staged = ParquetFormat(str(_next_root(self.path)))
         sums = self.checksums(LEVEL_FILES, root=staged)

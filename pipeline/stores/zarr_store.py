@@ -395,10 +395,6 @@ class ZarrFormat(StoreFormat):
         """A level's arrays from its parts (a new store: every chunk written once)."""
         _write_level(target, level, parts, rows, columns, widths)
 
-    def _write_version_params(self, target: Any, name: str,
-                              params: dict[str, np.ndarray]) -> None:
-        """Never called: no version after the first is written (see `_version_target`)."""
-
     def _switch(self, version: int, raw: dict[str, Any], previous: int) -> None:
         raise StoreError(f"{self.path}: a zarr store is written once")
 
