@@ -548,6 +548,14 @@ class DeltaFormat(ParquetFormat):
         except READ_ERRORS as exc:
             raise StoreError(f"{file}: damaged Parquet file ({exc})") from None
 
+    def _file_schema(self, level: str, path: str) -> pa.Schema:
+        file = self.location.child(level, path)
+        try:
+            with file.open("rb") as f:
+                return pq.read_schema(f)
+        except READ_ERRORS as exc:
+            raise StoreError(f"{file}: damaged Parquet file ({exc})") from None
+
     # ---- reading ---------------------------------------------------------------------
 
     def _files_of(self, version: int) -> list[str]:
@@ -715,9 +723,9 @@ class _LevelPatch:
         decided on the first table."""
         if self.replace_all is None:
             self.pending.schema = table.schema
-            current = self.fmt._read_file(self.level, self.files[0].path).schema \
+            current = self.fmt._file_schema(self.level, self.files[0].path) \
                 if self.files else None
-            same = current is not None and set(current.names) == set(table.names)
+            same = current is not None and set(current.names) == set(table.column_names)
             if same:
                 assert current is not None
                 table = table.select(current.names)
