@@ -188,7 +188,9 @@ class DeltaFormat(ParquetFormat):
         self.version_wanted = version
         self._history: list[dict[str, Any]] | None = None
         self._pins: dict[str, int] = {}  # level -> Delta version this handle reads
-        self._writing = False  # this handle has written: it reads the tables' heads
+        # while this handle writes: the Delta version of each table its next commit builds
+        # on (what it reads too); a commit that meets another writer's is refused
+        self._heads: dict[str, int] | None = None
         self._pending: dict[str, _Pending] = {}
         self._written: dict[str, FileSum] = {}
 
@@ -217,8 +219,8 @@ class DeltaFormat(ParquetFormat):
 
     def _read_version(self, level: str) -> int | None:
         """The Delta version of `level` this handle reads (None: the table's head)."""
-        if self._writing:
-            return None
+        if self._heads is not None:
+            return self._heads.get(level)
         self.record()
         return self._pins.get(level)
 
@@ -309,12 +311,12 @@ class DeltaFormat(ParquetFormat):
         """A commit of the docs table that changes no data and carries `raw` (and, when
         it is complete, the table versions it describes)."""
         self._begin_write()
-        docs = self._table("docs")
+        docs = self._writer_table("docs")
         if docs is None:
             raise StoreError(f"{self.path}: no docs table to record the provenance in")
         self._try_commit(lambda: docs.alter.set_table_description(
             DESCRIPTION, commit_properties=self._properties(raw)))
-        self._committed()
+        self._committed("docs")
 
     def _properties(self, raw: dict[str, Any] | None, version: int | None = None,
                      **more: Any) -> CommitProperties:
@@ -325,9 +327,9 @@ class DeltaFormat(ParquetFormat):
                                 COMPLETE_KEY: is_complete(raw), **more}
         if raw is not None:
             meta[RECORD_KEY] = json.dumps(raw, default=str)
-            heads = {level: table.version() for level in ("chunks", "tokens")
-                     if (table := self._table(level)) is not None}
-            meta[TABLES_KEY] = heads
+            heads = self._heads or {}
+            meta[TABLES_KEY] = {level: heads[level] for level in ("chunks", "tokens")
+                                if level in heads}
         # no retries: a commit that meets another writer's is refused, never rebased
         return CommitProperties(custom_metadata=meta, max_commit_retries=0)
 
@@ -339,17 +341,24 @@ class DeltaFormat(ParquetFormat):
                              f"({_first_line(exc)}); nothing of this run was committed"
                              ) from None
 
-    def _committed(self) -> None:
+    def _committed(self, level: str) -> None:
+        """This handle's commit of `level` landed: its next one builds on it."""
+        assert self._heads is not None  # every write begins with _begin_write
+        self._heads[level] = self._heads.get(level, -1) + 1
         self._history = None
         self._record_read = False
-        self._writing = True
+
+    def _writer_table(self, level: str) -> DeltaTable | None:
+        """The table as this handle's next commit builds on it (None: not made yet)."""
+        assert self._heads is not None
+        return self._table(level, self._heads[level]) if level in self._heads else None
 
     def _begin_write(self) -> None:
         """Before this handle writes: a version never completed (an update killed between
         its commits) is rolled back, so that what is written builds on the current one."""
         if self.version_wanted is not None:
             raise StoreError(f"{self.path}: version {self.version_wanted} is read only")
-        if self._writing:
+        if self._heads is not None:
             return
         if is_complete(self.record()):
             for level, pinned in self._pins.items():
@@ -357,7 +366,8 @@ class DeltaFormat(ParquetFormat):
                 if table is not None and table.version() > pinned:
                     self._roll_back(table, pinned)
             self._history = None
-        self._writing = True
+        self._heads = {level: table.version() for level in LEVEL_ORDER
+                       if (table := self._table(level)) is not None}
 
     def _roll_back(self, table: DeltaTable, version: int) -> None:
         """A table back at `version` (Delta's restore: one more commit; the files of the
@@ -397,25 +407,34 @@ class DeltaFormat(ParquetFormat):
         """One Delta commit of a level: a new table, all its files replaced, or files added
         and removed."""
         schema = pending.schema
-        table = self._table(level)
+        table = self._writer_table(level)
         now = int(time.time() * 1000)
         if table is None:
             assert schema is not None  # a new table is always given its schema
-            self._try_commit(lambda: create_table_with_add_actions(
-                self._uri(level), Schema.from_arrow(schema), pending.adds,
-                storage_options=storage_options_of(self.location),
-                description=DESCRIPTION if level == "docs" else None,
-                commit_properties=properties))
+            try:
+                self._try_commit(lambda: create_table_with_add_actions(
+                    self._uri(level), _delta_schema(schema, level), pending.adds,
+                    storage_options=storage_options_of(self.location),
+                    description=DESCRIPTION if level == "docs" else None,
+                    commit_properties=properties))
+            except DeltaError as exc:
+                if self._table(level) is None:
+                    raise StoreError(f"{self.path}: {level}: {_first_line(exc)}") from None
+                raise StoreError(f"{self.path}: another run made the {level} table meanwhile; "
+                                 "nothing of this run was committed") from None
         elif pending.replace:
             self._try_commit(lambda: table.create_write_transaction(
-                list(pending.adds), mode="overwrite", schema=schema or table.schema(),
+                list(pending.adds), mode="overwrite",
+                schema=_delta_schema(schema, level) if schema else table.schema(),
                 commit_properties=properties))
         elif not pending.empty:
             actions: list[AddAction | RemoveAction] = [*pending.adds, *(
                 RemoveAction(f.path, True, now) for f in pending.removes)]
             self._try_commit(lambda: table.create_write_transaction(
                 actions, mode="append", schema=table.schema(), commit_properties=properties))
-        self._committed()
+        else:
+            return
+        self._committed(level)
 
     # ---- the first version ----------------------------------------------------------
 
@@ -441,18 +460,17 @@ class DeltaFormat(ParquetFormat):
         self._commit_level(level.name, pending, properties)
 
     def _flush(self, level: str, held: list[pa.Table], final: bool) -> list[AddAction]:
-        """Write the rows held as files; unless `final`, keep back the last key's rows
-        (more of that document may follow)."""
+        """Write the rows held as files; unless `final`, keep back the last file's rows
+        (more rows, or more of that document's chunks, may follow)."""
         if not held:
             return []
         table = pa.concat_tables(held)
         held.clear()
-        keys = table.column(LEVEL_ORDER[level][0]).to_numpy()
-        keep = len(table) if final or not len(table) else \
-            int(np.searchsorted(keys, keys[-1], side="left"))
-        if keep < len(table):
-            held.append(table.slice(keep))
-        return self._write_files(level, table.slice(0, keep)) if keep else []
+        cuts = list(_cuts(table.column(LEVEL_ORDER[level][0]).to_numpy(), DELTA_ROWS_PER_FILE))
+        if not final and cuts:
+            start, _ = cuts.pop()
+            held.append(table.slice(start))
+        return [self._write_file(level, table.slice(a, b - a)) for a, b in cuts]
 
     # ---- an update ------------------------------------------------------------------
 
@@ -617,18 +635,19 @@ class DeltaFormat(ParquetFormat):
         kept = held[:keep]
         freed = 0
         for level in self._levels():
-            table = self._table(level)
+            table = self._writer_table(level)
             assert table is not None  # listed by _levels
             versions = sorted({v.tables[level] for v in kept if level in v.tables})
             freed += self._vacuum(level, table, versions)
+            self._heads = {**(self._heads or {}), level: table.version()}  # vacuum commits
         raw = self.record()
         assert raw is not None  # a store with versions has a provenance
-        docs = self._table("docs")
+        docs = self._writer_table("docs")
         assert docs is not None
         self._try_commit(lambda: docs.alter.set_table_description(
             DESCRIPTION, commit_properties=self._properties(
                 raw, **{OLDEST_KEY: kept[-1].version})))
-        self._committed()
+        self._committed("docs")
         return [v.version for v in held[keep:]], freed
 
     def _vacuum(self, level: str, table: DeltaTable, keep_versions: list[int]) -> int:
@@ -762,6 +781,19 @@ class _LevelPatch:
         if self.replace_all:
             self.pending.removes = []
         return self.pending
+
+
+def _delta_schema(schema: pa.Schema, level: str) -> Schema:
+    """The Delta schema of a level's files; a column Delta has no type for is refused,
+    named."""
+    for f in schema:
+        try:
+            Schema.from_arrow(pa.schema([f]))
+        except Exception as exc:  # why so wide: deltalake raises a bare Exception here
+            raise StoreError(f"output.format: delta cannot store {level} column {f.name!r} of "
+                             f"type {f.type} ({_first_line(exc)}); carry it as another type or "
+                             "use output.format: parquet") from None
+    return Schema.from_arrow(schema)
 
 
 def _comparable(schema: pa.Schema) -> list[tuple[str, pa.DataType, bytes | None]]:
