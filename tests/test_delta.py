@@ -9,6 +9,7 @@ extension is downloaded on first use) and pandas.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from pipeline.stores import delta_store, detect_format
 from pipeline.stores.delta_store import DeltaFormat
 from pipeline.stores.verify import verify_store
 from tests.conftest import REVIEWS, job_dict
+from tests.test_object_store import s3_endpoint  # noqa: F401 (the loopback S3 fixture)
 
 
 def _texts(n: int) -> list[str]:
@@ -279,3 +281,63 @@ def test_a_view_whitened_in_place_to_fewer_dimensions(tmp_path: Path, tiny_bert:
     np.testing.assert_array_equal(got, want)
     assert verify_store(str(tmp_path / "w.delta")) == []
     assert _matrix(_plain(tmp_path / "w.delta").column("mean")).shape == (30, 8)
+
+
+# --- on an object store: the loopback S3 endpoint of tests/test_object_store.py ------------
+
+@pytest.mark.slow  # a 400-row store, its update and a run from scratch
+def test_update_on_s3_encodes_only_new_and_changed_rows(
+        s3_endpoint: str, tmp_path: Path, tiny_bert: Path) -> None:  # noqa: F811
+    """The scenario of tests/test_incremental.py on a store in a bucket: 400 rows, then 150
+    new, 20 edited, 10 deleted: exactly 170 encoded, the store equals a run from scratch by
+    id, version 0 stays readable, verify passes and catches a damaged data file."""
+    import s3fs
+
+    from tests.s3server import make_bucket
+    from tests.test_incremental import (
+        BASE_ROWS,
+        EDITED,
+        NEW_ROWS,
+        _base,
+        _updated,
+        assert_same_rows,
+    )
+    from tests.test_incremental import (
+        _job as scenario_job,
+    )
+
+    bucket = f"delta-{uuid.uuid4().hex[:10]}"
+    make_bucket(s3_endpoint, bucket)
+    out = f"s3://{bucket}/nightly/reviews.delta"
+    source = tmp_path / "reviews.parquet"
+    pq.write_table(_base(), source)
+    job = scenario_job(tiny_bert, source, tmp_path / "unused", "delta",
+                       output={"path": out, "format": "delta"})
+    run_job(job)
+    first = pipeline.open_store(out).vectors("mean")
+    pq.write_table(_updated(), source)
+    summary = run_job(job, incremental=True)
+    assert (summary.encoded, summary.added, summary.replaced) == (NEW_ROWS + EDITED, NEW_ROWS,
+                                                                 EDITED)
+    full_source = tmp_path / "updated.parquet"
+    pq.write_table(_updated(), full_source)
+    scratch = scenario_job(tiny_bert, full_source, tmp_path / "scratch.delta", "delta")
+    run_job(scratch)
+    store = pipeline.open_store(out)
+    assert store.provenance.version == 1 and int(store.docs.sizes["doc"]) == \
+        BASE_ROWS + NEW_ROWS
+    assert_same_rows(store, pipeline.open_store(scratch.output.path), ["mean", "cls"])
+    np.testing.assert_array_equal(pipeline.open_store(out, version=0).vectors("mean"), first)
+    assert verify_store(out) == []
+    fs = s3fs.S3FileSystem()
+    (data,) = [f for f in fs.ls(f"{bucket}/nightly/reviews.delta/docs")
+               if f.endswith(".parquet") and f.rsplit("/", 1)[-1] in {
+                   Path(u).name for u in DeltaTable(f"{out}/docs", storage_options={
+                       "AWS_ALLOW_HTTP": "true"}).file_uris()}][:1] or [None]
+    assert data is not None
+    raw = bytearray(fs.cat_file(data))
+    raw[len(raw) // 3] ^= 0xFF
+    fs.pipe_file(data, bytes(raw))
+    problems = verify_store(out)
+    assert problems and "is damaged (its bytes do not match the recorded checksum)" in \
+        problems[0]
