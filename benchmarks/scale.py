@@ -3,7 +3,7 @@ at random positions), a no-op update, `verify`, and `open_store` + one view read
 format that grows, at several sizes, on a tiny random BERT (so that the pipeline's own
 cost shows, not the model's).
 
-    python benchmarks/scale.py [--rows 10000 100000] [--formats icechunk parquet]
+    python benchmarks/scale.py [--rows 10000 100000] [--formats icechunk parquet delta]
 
 For each step: wall and CPU seconds, bytes written (the process's write accounting,
 `wchar` in /proc/self/io: every byte it wrote, staging included), peak RSS, and the store's
@@ -173,7 +173,7 @@ def one_size(fmt: str, rows: int, model: Path) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000])
-    parser.add_argument("--formats", nargs="+", default=["icechunk", "parquet"])
+    parser.add_argument("--formats", nargs="+", default=["icechunk", "parquet", "delta"])
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     model = make_tiny_model(WORK / "tiny-bert")

@@ -155,7 +155,7 @@ def open_store(path: str | Path, require_complete: bool = True,
     """Open a complete bertpipe store (Zarr, Parquet or Icechunk) lazily, from a local
     folder or an fsspec URL (`s3://bucket/out/reviews.zarr`: credentials from the
     environment, or `storage_options`, e.g. {"endpoint_url": ..., "key":
-    "${AWS_ACCESS_KEY_ID}"}). `version`: an earlier version an Icechunk store keeps
+    "${AWS_ACCESS_KEY_ID}"}). `version`: an earlier version an Icechunk or Delta store keeps
     (`bertpipe inspect` lists them); the current one when not given."""
     data = open_store_data(path, require_complete, storage_options, version)
     return Store(data.path, data.fmt, data.provenance, data.docs, data.chunks,

@@ -462,14 +462,16 @@ def verify(store_path: str) -> None:
 def gc(store_path: str, keep: int) -> None:
     """Reclaim the space of store versions no longer kept.
 
-    An Icechunk store keeps every version readable until this expires it (`inspect`
-    lists them); what no kept version uses is deleted. A Zarr or Parquet store keeps its
+    An Icechunk or Delta store keeps every version readable until this expires it
+    (`inspect` lists them); what no kept version uses is deleted (Delta: its vacuum). A
+    Zarr or Parquet store keeps its
     current version only: what is left of a retired one is removed. Takes the store's
     lock (refused while a run writes it).
 
     \b
     Examples:
       bertpipe gc out/reviews.icechunk --keep 7
+      bertpipe gc out/reviews.delta --keep 2
       bertpipe gc out/reviews.zarr
     """
     from .run.gc import collect_garbage

@@ -48,7 +48,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> dict[
     source = write_table(root / "in.parquet", {"id": [f"r{i}" for i in range(len(TEXTS))],
                                                 "text": TEXTS})
     stores = {}
-    for fmt in ("zarr", "parquet"):
+    for fmt in ("zarr", "parquet", "delta"):
         out = root / f"s.{fmt}"
         run_job(Job.from_dict(job_dict(source, tiny_bert, out, output={"format": fmt})))
         stores[fmt] = out
@@ -102,6 +102,12 @@ def _parquet_page(file: Path, column: str) -> int:
     return int(chunk.data_page_offset + chunk.total_compressed_size // 2)
 
 
+def _delta_docs_file(store: Path) -> Path:
+    """The docs table's data file (10 rows: one file)."""
+    (file,) = (store / "docs").glob("part-*.parquet")
+    return file
+
+
 def _newer_format(store: Path) -> None:
     fmt = detect_format(str(store))
     raw = fmt.reread() or {}
@@ -120,6 +126,11 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
     "missing chunks/part-0.parquet": lambda s: (s / "chunks/part-0.parquet").unlink(),
     "flipped docs/part-0.parquet byte": lambda s: _flip(s / "docs/part-0.parquet",
                                                  _parquet_page(s / "docs/part-0.parquet", "mean")),
+    "flipped delta docs file byte": lambda s: _flip(_delta_docs_file(s), _parquet_page(
+        _delta_docs_file(s), "mean")),
+    "deleted delta docs file": lambda s: _delta_docs_file(s).unlink(),
+    "damaged docs/_delta_log": lambda s: sorted((s / "docs" / "_delta_log").glob("*.json")
+                                                )[-1].write_text("{not json"),
 }
 
 # ---------------------------------------------------------------- commands
@@ -279,6 +290,20 @@ TABLE: list[Case] = [
         "postprocess": (5, "fails verification, left unchanged: docs/part-0.parquet is damaged"),
         "rerun": (5, "complete but fails verification: docs/part-0.parquet is damaged")}),
     *_row("parquet", "newer format_version", {**_all(5, NEWER), "rerun": (5, NEWER)}),
+    # Delta: a data file of the current version altered or gone, the log damaged
+    *_row("delta", "flipped delta docs file byte", {
+        "verify": (5, "is damaged (its bytes do not match the recorded checksum)"),
+        "inspect": (0, "coverage"),  # reads no vector column: nothing to notice
+        "inspect --geometry": (5, "column mean, row group 0: damaged"),
+        "search --exact": (5, "column mean, row group 0: damaged"),
+        "vectors()": (5, "column mean, row group 0: damaged"),
+        "postprocess": (5, "fails verification, left unchanged: docs/part-"),
+        "rerun": (5, "complete but fails verification: docs/part-")}),
+    *_row("delta", "deleted delta docs file", {**_all(5, ".parquet is missing"),
+                                               "rerun": (5, ".parquet is missing")}),
+    *_row("delta", "damaged docs/_delta_log", {**_all(5, "docs: damaged Delta table"),
+                                               "rerun": (5, "docs: damaged Delta table")}),
+    *_row("delta", "newer format_version", {**_all(5, NEWER), "rerun": (5, NEWER)}),
 ]
 
 

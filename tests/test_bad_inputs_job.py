@@ -589,8 +589,12 @@ ROWS = [
                                       _set("output.path", "s3://bucket/out.parquet")(raw),
                                       _set("output.incremental", True)(raw)))), 2,
         "output.incremental: a parquet store on an object store is not updated"),
-    Row("output.format unknown", _cli("validate", _job(_set("output.format", "delta"))), 2,
-        "output.format: 'delta' is not one of ['zarr', 'parquet', 'icechunk']"),
+    Row("output.format unknown", _cli("validate", _job(_set("output.format", "lance"))), 2,
+        "output.format: 'lance' is not one of ['zarr', 'parquet', 'icechunk', 'delta']"),
+    Row("output.format delta on an object store it cannot commit to", _cli(
+        "extract", _job(lambda raw: (_set("output.format", "delta")(raw),
+                                     _set("output.path", "memory://bucket/out.delta")(raw)))),
+        5, "the delta format is written to a local folder or an s3:// URL"),
     Row("output.incremental with output.overwrite", _cli("validate", _job(lambda raw: (
         _set("output.overwrite", True)(raw), _set("output.incremental", True)(raw)))), 2,
         "output.incremental"),

@@ -348,6 +348,40 @@ def gc_keep_not_a_number(w: World) -> list[Any]:
     return ["gc", w.tmp / "none.icechunk", "--keep", "all"]
 
 
+def delta_onto_a_parquet_store(w: World) -> list[Any]:
+    assert run("extract", w.job(w.tmp / "o.store", output={"format": "parquet"})
+               ).exit_code == 0
+    return ["extract", w.job(w.tmp / "o.store", output={"format": "delta"})]
+
+
+def delta_incremental_onto_a_parquet_store(w: World) -> list[Any]:
+    assert run("extract", w.job(w.tmp / "o.store", output={"format": "parquet"})
+               ).exit_code == 0
+    w.write_input([*TEXTS, "one more"])
+    return ["extract", w.job(w.tmp / "o.store", output={"format": "delta"}), "--incremental"]
+
+
+def delta_while_a_run_writes(w: World) -> list[Any]:
+    job = w.job(w.tmp / "o.delta", output={"format": "delta"})
+    assert run("extract", job).exit_code == 0
+    w.write_input([*TEXTS, "one more"])
+    _fake_lock(w.tmp / "o.delta", pid=os.getpid())
+    return ["extract", job, "--incremental"]
+
+
+def gc_delta_keep_zero(w: World) -> list[Any]:
+    assert run("extract", w.job(w.tmp / "o.delta", output={"format": "delta"})).exit_code == 0
+    return ["gc", w.tmp / "o.delta", "--keep", "0"]
+
+
+def delta_store_with_a_damaged_log(w: World) -> list[Any]:
+    job = w.job(w.tmp / "o.delta", output={"format": "delta"})
+    assert run("extract", job).exit_code == 0
+    newest = sorted((w.tmp / "o.delta" / "docs" / "_delta_log").glob("*.json"))[-1]
+    newest.write_text("{not json")
+    return ["extract", job]
+
+
 def model_error_leaves_nothing(w: World) -> list[Any]:
     w.model = w.tmp / "no-pooler"  # a DistilBERT: no pooler weights
     return ["extract", w.job(w.tmp / "new" / "o.zarr", views={"p": {"pooling": "pooler"}})]
@@ -451,6 +485,13 @@ TABLE = [
     Row(gc_a_missing_path, 5, "none.icechunk: no such store"),
     Row(gc_keep_zero, 2, "Invalid value for '--keep': 0 is not in the range x>=1"),
     Row(gc_keep_not_a_number, 2, "Invalid value for '--keep': 'all' is not a valid integer"),
+    Row(delta_onto_a_parquet_store, 5, "holds output of a different job or model "
+        "(output.format: parquet → delta)"),
+    Row(delta_incremental_onto_a_parquet_store, 5, "was made with other output.format than "
+        "this job"),
+    Row(delta_while_a_run_writes, 5, "o.delta is being written by another run (host"),
+    Row(gc_delta_keep_zero, 2, "Invalid value for '--keep': 0 is not in the range x>=1"),
+    Row(delta_store_with_a_damaged_log, 5, "docs: damaged Delta table"),
     Row(calibration_cache_is_a_file, 4, "model.runtime: auto cannot write its calibration in "),
     Row(calibrate_cache_is_a_file, 4, "set BERTPIPE_CACHE_DIR to a writable folder"),
 ]

@@ -42,7 +42,7 @@ from pipeline.spec import Job, PostSpec
 from pipeline.stores.verify import verify_store
 from tests.conftest import REPO, REVIEWS, job_dict, plain_docs, write_job
 
-FORMATS = ["parquet", "icechunk"]  # the formats a store grows in (zarr is written once)
+FORMATS = ["parquet", "icechunk", "delta"]  # the formats a store grows in (zarr: once)
 BASE_ROWS, NEW_ROWS, EDITED, DELETED = 400, 150, 20, 10
 EDITED_AT = list(range(3, 400, 20))  # 20 positions of the base table
 DELETED_AT = list(range(11, 400, 40))  # 10 other positions
@@ -309,7 +309,7 @@ def test_failed_partition_and_failed_switch_leave_the_previous_version(
     monkeypatch.setattr(pipeline.stores.format_named(fmt), "publish", killed)
     with pytest.raises(KeyboardInterrupt):
         run_job(job, incremental=True)
-    if fmt == "icechunk":  # its writes are in no snapshot: the branch is where it was
+    if fmt in ("icechunk", "delta"):  # no commit completes version 1: version 0 is current
         versions = pipeline.stores.detect_format(job.output.path).versions()
         assert [v.version for v in versions] == [0]
     else:
@@ -320,6 +320,11 @@ def test_failed_partition_and_failed_switch_leave_the_previous_version(
     if fmt == "icechunk":  # plain xarray, too, still reads the first version
         plain = plain_docs(job.output.path)
         np.testing.assert_array_equal(plain["mean"].values, before["mean"])
+    elif fmt == "delta":  # its tables' heads, too: the new files were never committed
+        from deltalake import DeltaTable
+
+        assert DeltaTable(str(Path(job.output.path) / "docs")).to_pyarrow_table().num_rows \
+            == BASE_ROWS
     else:
         assert len(pd.read_parquet(Path(job.output.path) / "docs")) == BASE_ROWS
     monkeypatch.undo()
@@ -384,7 +389,15 @@ def test_readers_see_one_version(fmt: str, tmp_path: Path,
     new = pipeline.open_store(path)
     assert new.provenance.version == 1
     assert int(new.docs.sizes["doc"]) == BASE_ROWS + NEW_ROWS
-    if fmt == "icechunk":  # the branch's head is the new version; the first stays readable
+    if fmt == "delta":  # the tables' heads are the new version; the first stays readable
+        from deltalake import DeltaTable
+
+        frame = DeltaTable(str(Path(path) / "docs")).to_pandas().sort_values("row")
+        assert len(frame) == BASE_ROWS + NEW_ROWS
+        np.testing.assert_allclose(np.stack(frame["mean"].to_numpy()), new.vectors("mean"))
+        first = pipeline.open_store(path, version=0)
+        np.testing.assert_array_equal(first.vectors("mean"), before["mean"])
+    elif fmt == "icechunk":  # the branch's head is the new version; the first stays readable
         plain = plain_docs(path)
         np.testing.assert_array_equal(plain["mean"].values, new.vectors("mean"))
         assert plain["mean"].attrs["pooling"] == "mean" and "id" in plain.coords
@@ -400,7 +413,7 @@ def test_readers_see_one_version(fmt: str, tmp_path: Path,
     pq.write_table(pa.concat_tables([_updated(), _reviews().slice(550, 5)]),
                    job.input.path)
     assert run_job(job, incremental=True).encoded == 5
-    if fmt == "icechunk":  # every version stays until `bertpipe gc` expires it
+    if fmt in ("icechunk", "delta"):  # every version stays until `bertpipe gc` expires it
         versions = pipeline.stores.detect_format(path).versions()
         assert [v.version for v in versions] == [2, 1, 0]
     else:
@@ -824,6 +837,16 @@ def test_verify_after_an_update_and_a_damaged_chunk_of_the_new_version(
         problems = verify_store(path)
         assert "chunks/mean: chunk c/0/0 is damaged (its bytes do not match the recorded " \
             "checksum)" in problems
+    elif fmt == "delta":  # every data file of the current version, by its table path
+        from deltalake import DeltaTable
+
+        current = {f"{level}/{Path(uri).name}" for level in ("docs", "chunks")
+                   for uri in DeltaTable(str(path / level)).file_uris()}
+        assert set(recorded) == current
+        rel = sorted(r for r in recorded if r.startswith("chunks/"))[0]
+        _damage(path / rel, recorded[rel].size // 2)
+        problems = verify_store(path)
+        assert problems == [f"{rel} is damaged (its bytes do not match the recorded checksum)"]
     else:
         assert set(recorded) == {"docs/part-0.parquet", "chunks/part-0.parquet"}
         chunk = path / "chunks" / "part-0.parquet"
@@ -933,7 +956,7 @@ def test_a_zarr_store_is_written_once(tmp_path: Path, tiny_bert: Path) -> None:
             f"error: {job_file}: output.incremental: a zarr store is written once (after an "
             "update, plain readers would have to find the current version's folder); for a "
             "store that grows use output.format: icechunk (a versioned Zarr store: an update "
-            "writes only the chunks that changed) or parquet"]
+            "writes only the chunks that changed), delta or parquet"]
     assert not (tmp_path / "o.zarr").exists()
 
 
@@ -949,4 +972,4 @@ def test_parquet_on_an_object_store_is_refused_up_front(tmp_path: Path, tiny_ber
     assert refused.stderr.strip().splitlines() == [
         f"error: {job_file}: output.incremental: a parquet store on an object store is not "
         "updated (its switch renames files, which object stores cannot do); use "
-        "output.format: icechunk, or run the job in full (--overwrite)"]
+        "output.format: icechunk or delta, or run the job in full (--overwrite)"]

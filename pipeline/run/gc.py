@@ -3,8 +3,10 @@
 An Icechunk store keeps every version readable (`open_store(path, version=k)`) until it is
 expired here: the snapshots before the `keep` newest versions are expired and the chunks,
 manifests and snapshots that no kept version uses are deleted (Icechunk's own expiry and
-garbage collection). A plain Zarr or Parquet store keeps its current version only; what
-is left of a retired one (kept for the readers that opened it) is removed.
+garbage collection). A Delta store likewise: Delta's vacuum deletes every data file that
+no kept version uses (and files of writes never committed). A plain Zarr or Parquet store
+keeps its current version only; what is left of a retired one (kept for the readers that
+opened it) is removed.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from dataclasses import dataclass
 from ..errors import OptionError, StoreError
 from ..io.location import resolve
 from ..stores import detect_format
-from ..stores.icechunk_store import IcechunkFormat
 from ..stores.ownership import inspect_output
 from .output import OutputSession
 
@@ -25,7 +26,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Collected:
-    """What `gc` did: the versions expired and kept, the bytes freed (Icechunk only)."""
+    """What `gc` did: the versions expired and kept, the bytes freed (versioned formats)."""
 
     path: str
     expired: list[int]
@@ -53,11 +54,8 @@ def collect_garbage(path: str, keep: int, say: Callable[[str], None] = log.warni
     with OutputSession(path, "gc", say) as output:
         fmt = detect_format(path)
         output.confirm("expire versions")
-        if isinstance(fmt, IcechunkFormat):
-            expired, freed = fmt.gc(keep)
-            return Collected(path, expired, fmt.version_numbers(), freed)
-        fmt.drop_retired()
-        return Collected(path, [], fmt.version_numbers(), 0)
+        expired, freed = fmt.gc(keep)
+        return Collected(path, expired, fmt.version_numbers(), freed)
 
 
 def _listed(versions: list[int]) -> str:

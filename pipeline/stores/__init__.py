@@ -21,11 +21,13 @@ if TYPE_CHECKING:
 @cache
 def formats() -> dict[str, type[StoreFormat]]:
     """Every store format by its `output.format` name."""
+    from .delta_store import DeltaFormat
     from .icechunk_store import IcechunkFormat
     from .parquet_store import ParquetFormat
     from .zarr_store import ZarrFormat
 
-    return {"zarr": ZarrFormat, "parquet": ParquetFormat, "icechunk": IcechunkFormat}
+    return {"zarr": ZarrFormat, "parquet": ParquetFormat, "icechunk": IcechunkFormat,
+            "delta": DeltaFormat}
 
 
 def format_named(name: str) -> type[StoreFormat]:
@@ -49,8 +51,8 @@ def detect_format(path: str) -> StoreFormat:
     if resolve(path).child("chunks").is_dir():
         raise StoreError(f"{path}: docs/part-0.parquet is missing (chunks/ is there): a "
                          "damaged Parquet store")
-    raise StoreError(f"{path}: not a bertpipe store (no zarr.json, docs/part-0.parquet or "
-                     "Icechunk repository)")
+    raise StoreError(f"{path}: not a bertpipe store (no zarr.json, docs/part-0.parquet, "
+                     "Icechunk repository or Delta table docs/_delta_log)")
 
 
 def __getattr__(name: str) -> Any:

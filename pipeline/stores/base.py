@@ -140,7 +140,14 @@ class StoreFormat(ABC):
             return self
         raise StoreError(f"{self.path}: no version {version}: a {self.name} store keeps its "
                          f"current version ({version_of(self.record())}) only; the icechunk "
-                         "format keeps earlier versions")
+                         "and delta formats keep earlier versions")
+
+    def gc(self, keep: int) -> tuple[list[int], int]:
+        """Keep the newest `keep` versions and reclaim what only the others use; the
+        versions expired and the bytes freed. A format that keeps one version removes
+        what is left of retired ones (kept for the readers that opened them)."""
+        self.drop_retired()
+        return [], 0
 
     def write_record(self, raw: dict[str, Any]) -> None:
         """Store `raw` as the provenance; a complete one is sealed first with the checksum

@@ -78,7 +78,7 @@ def open_store_data(path: str | Path, require_complete: bool = True,
     """Open a bertpipe store lazily; incomplete ones are refused. `path` may be an fsspec
     URL (`s3://bucket/out/reviews.zarr`); `storage_options` go over what the environment
     gives (a string `${NAME}` is read from the environment). `version`: an earlier version
-    the store keeps (the icechunk format), else the current one."""
+    the store keeps (the icechunk and delta formats), else the current one."""
     path = str(path)
     if storage_options is not None:
         register_options(path, storage_options)

@@ -2,7 +2,8 @@
 
 A folder (or an object-store prefix) is a bertpipe store, complete or not, when its
 `zarr.json` carries a `bertpipe` attribute, its `docs/part-0.parquet` carries `bertpipe`
-metadata, its Icechunk repository's head carries `bertpipe` attributes, or it holds the
+metadata, its Icechunk repository's head carries `bertpipe` attributes, its Delta table
+`docs/` has a commit that carries `bertpipe` metadata, or it holds the
 staging area `_bertpipe/run.json` of a run. Its own entries are the format's files and
 folders; any other entry is the user's and is never removed (on an object store: no key
 outside `<store>/<own entry>/` is ever deleted).
@@ -29,6 +30,7 @@ OWN_ENTRIES = {
              STAGING_DIR},
     "parquet": {"docs", "chunks", "tokens", "post", "index", STAGING_DIR},
     "icechunk": {"repo", "index", STAGING_DIR},
+    "delta": {"docs", "chunks", "tokens", "post", "index", STAGING_DIR},
 }
 # files a run leaves while it writes: parquet parts before their rename (the tokens folder
 # too), the lock, its take-over claims and their temporaries
@@ -107,6 +109,8 @@ def store_format(root: str | Path | Location) -> str | None:
         return "parquet"
     if _icechunk_is_ours(root):
         return "icechunk"
+    if _delta_is_ours(root):
+        return "delta"
     run = _read_json(root.child(STAGING_DIR, "run.json"))
     if run and run.get("run_fingerprint"):
         fmt = (run.get("job") or {}).get("output", {}).get("format")
@@ -134,6 +138,15 @@ def _icechunk_is_ours(root: Location) -> bool:
     if not is_repository(root):
         return False
     return IcechunkFormat(root.url if not root.local else root.path).record() is not None
+
+
+def _delta_is_ours(root: Location) -> bool:
+    """A Delta table at docs/ whose commits carry bertpipe's provenance."""
+    from .delta_store import DeltaFormat  # why here: only if met (imports deltalake)
+
+    if not DeltaFormat.holds_store(root.path if root.local else root.url):
+        return False
+    return DeltaFormat(root.path if root.local else root.url).record() is not None
 
 
 def _parquet_is_ours(file: Location) -> bool:

@@ -89,7 +89,7 @@ def _write(file: Location, parts: Iterator[pa.Table], provenance: dict[str, Any]
 
 def _writer(file: IO[bytes], schema: pa.Schema,
             provenance: dict[str, Any] | None) -> pq.ParquetWriter:
-    vectors = [f.name for f in schema if pa.types.is_fixed_size_list(f.type)]
+    vectors = [f.name for f in schema if vector_of(f) is not None]
     others = [f.name for f in schema if f.name not in vectors]
     if provenance is not None:
         schema = schema.with_metadata({METADATA_KEY: json.dumps(provenance, default=str)})
@@ -154,13 +154,36 @@ def file_dataset(file: Path | Location, dim: str) -> xr.Dataset:
     return _dataset(file if isinstance(file, Location) else resolve(str(file)), dim)
 
 
-def _read_block(file: _Mapped | str, group: int, column: str, nulls: bool) -> np.ndarray:
+# A vector column stored as a variable list (a Delta table has no fixed-size list, nor
+# float16): its field metadata gives the width and the dtype it is read back as.
+WIDTH_KEY, DTYPE_KEY = b"bertpipe.width", b"bertpipe.dtype"
+
+
+def vector_of(field: pa.Field) -> tuple[int, np.dtype] | None:
+    """(width, dtype) of a vector column, None for a flat one."""
+    if pa.types.is_fixed_size_list(field.type):
+        return field.type.list_size, np.dtype(field.type.value_type.to_pandas_dtype())
+    meta = field.metadata or {}
+    if pa.types.is_list(field.type) and WIDTH_KEY in meta:
+        stored = meta.get(DTYPE_KEY)
+        dtype = np.dtype(stored.decode()) if stored else \
+            np.dtype(field.type.value_type.to_pandas_dtype())
+        return int(meta[WIDTH_KEY]), dtype
+    return None
+
+
+def _read_block(file: _Mapped | str, group: int, column: str, nulls: bool,
+                vector: tuple[int, np.dtype] | None = None) -> np.ndarray:
     try:
         col = _open(file).read_row_group(group, columns=[column]).column(0)
     except READ_ERRORS as exc:
         raise StoreError(f"{file}: column {column}, row group {group}: damaged ({exc})") from None
     if pa.types.is_fixed_size_list(col.type):
         return column_matrix(col)
+    if vector is not None:
+        width, dtype = vector
+        flat = col.combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        return flat.reshape(-1, width).astype(dtype, copy=False)
     return to_numpy(col, nulls)
 
 
@@ -193,9 +216,9 @@ def _parts_dataset(files: Sequence[Location], dim: str) -> xr.Dataset:
         group_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
         for field in pf.schema_arrow:
             nulls = False
-            if pa.types.is_fixed_size_list(field.type):
-                width = field.type.list_size
-                dtype = np.dtype(field.type.value_type.to_pandas_dtype())
+            vector = vector_of(field)
+            if vector is not None:
+                width, dtype = vector
                 dims: tuple[str, ...] = (dim, f"{field.name}_dim")
             else:
                 width, dims = 0, (dim,)
@@ -203,7 +226,8 @@ def _parts_dataset(files: Sequence[Location], dim: str) -> xr.Dataset:
                 dtype = numpy_dtype(field.type, nulls)
             empty.setdefault(field.name, (dims, np.empty((0, width) if width else (0,), dtype)))
             blocks.setdefault(field.name, []).extend(
-                da.from_delayed(dask.delayed(_read_block)(source, g, field.name, nulls),
+                da.from_delayed(dask.delayed(_read_block)(source, g, field.name, nulls,
+                                                          vector),
                                 shape=(rows, width) if width else (rows,), dtype=dtype)
                 for g, rows in enumerate(group_rows))
     return xr.Dataset({
@@ -343,9 +367,12 @@ class ParquetFormat(StoreFormat):
         files = [name for name in LEVEL_FILES if root.child(name).is_file()]
         tokens = root.child(TOKENS_DIR).glob("part-*.parquet")
         files += [f"{TOKENS_DIR}/{f.name}" for f in tokens]
-        files += [f"post/{rel}" for rel in root.child("post").files()
-                  if "/" not in rel and rel.endswith(".npz") and not rel.startswith(".")]
-        return files
+        return files + self._param_files()
+
+    def _param_files(self) -> list[str]:
+        """The fitted parameters of post-processed views (`post/<view>.npz`)."""
+        return [f"post/{rel}" for rel in self.location.child("post").files()
+                if "/" not in rel and rel.endswith(".npz") and not rel.startswith(".")]
 
     def checked_size(self, rel: str) -> int | None:
         file = self.location.child(rel)

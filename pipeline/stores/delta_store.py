@@ -1,0 +1,828 @@
+"""Delta store: one Delta Lake table per level, versioned by Delta's own log.
+
+    <store>/docs/     a Delta table (`_delta_log/` and Parquet data files): one row per
+                      input row; the commits that make a version carry the provenance
+    <store>/chunks/   a Delta table: one row per chunk (when the job stores chunks)
+    <store>/tokens/   a Delta table: one row per stored token (token views)
+    <store>/post/     fitted parameters of post-processed views (`<view>.npz`)
+    <store>/_bertpipe/  the staging area (and the lock file beside it)
+
+Provenance and history live in Delta commit metadata, one source of truth that
+`DeltaTable("<store>/docs").history()` shows: each commit bertpipe makes carries
+`bertpipe_version`, and the commit that completes a version also carries
+`bertpipe_complete: true`, the provenance (`bertpipe`, JSON) and the Delta versions of the
+other tables that version is made of (`bertpipe_tables`). A reader opens the newest
+complete commit of the docs table and those table versions, so a version is exactly what
+was completed, whatever was committed after it.
+
+Row order: a Delta table is a set of files, so a plain reader gets the rows in no set
+order. Every table carries its order: docs `row` (a row's place in the store; rows
+removed by `--prune` leave gaps), chunks and tokens `doc` (the docs `row` of their
+document) with `seq` or `position`. bertpipe writes each data file sorted and over a range
+of its own, and sorts on read.
+
+Vectors are `list<float>` columns (Delta has no fixed-size list and no float16), their
+width and dtype in the field metadata (`bertpipe.width`, `bertpipe.dtype`): a float16
+store is kept as float32 values (exactly, float16 is a subset) and read back as float16.
+
+An update (a new version) appends its new rows as new files and rewrites only the files
+whose rows changed or were removed (each file is compared with its new rows; an equal one
+is kept), then commits the chunks table and, last, the docs table in one commit that
+completes the version. Earlier versions stay readable (`open_store(path, version=k)`, Delta
+time travel) until `bertpipe gc` vacuums what only they use.
+
+Delta records no checksum of its data files: a complete version's provenance holds the
+checksum of each of its files (the column data before the footer, as in the Parquet
+format), which `bertpipe verify` checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import xarray as xr
+from deltalake import CommitProperties, DeltaTable, Schema
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
+
+from ..errors import StoreError
+from ..io.location import Location, resolve
+from .base import StagedLevel, StreamedVersion, column_matrix
+from .parquet_store import DTYPE_KEY, READ_ERRORS, WIDTH_KEY, ParquetFormat, _parts_dataset
+from .parquet_store import _write as write_parquet
+from .provenance import FileSum, is_complete, recorded_checksums, sealed, version_of
+
+# Rows of a level per data file. A file is the unit an update rewrites: a changed row
+# costs its whole file, so with changes at random rows a share f of rows changed rewrites
+# about 1 - exp(-f * rows) of the files (as the Icechunk format's chunks); 1,024 rows of a
+# 384-wide float32 view are 1.5 MB before compression, a sensible object-store request.
+DELTA_ROWS_PER_FILE = 1024
+LEVEL_ORDER = {"docs": ("row",), "chunks": ("doc", "seq"), "tokens": ("doc", "position")}
+LEVEL_DIMS = {"docs": "doc", "chunks": "chunk", "tokens": "piece"}
+LOG_DIR = "_delta_log"
+RECORD_KEY = "bertpipe"  # commit metadata: the provenance (JSON text)
+VERSION_KEY = "bertpipe_version"
+COMPLETE_KEY = "bertpipe_complete"
+TABLES_KEY = "bertpipe_tables"  # on the docs commit: the Delta version of each other table
+OLDEST_KEY = "bertpipe_oldest_kept"  # on a gc's commit: versions before it are gone
+DESCRIPTION = "bertpipe store: one row per input row (provenance in the commit metadata)"
+
+
+@dataclass(frozen=True)
+class DeltaVersion:
+    """One store version readers can open: the docs commit that completed it."""
+
+    version: int
+    tables: dict[str, int]  # level -> its Delta table version
+    written_at: datetime
+
+
+@dataclass
+class _DataFile:
+    """A data file of a table as its log lists it (path relative to the table)."""
+
+    path: str
+    rows: int
+    first: int | None  # the smallest value of the level's first order column
+
+
+@dataclass
+class _Pending:
+    """A level's commit-to-be: files to add and to remove (all, when `replace`)."""
+
+    adds: list[AddAction] = field(default_factory=list)
+    removes: list[_DataFile] = field(default_factory=list)
+    replace: bool = False
+    schema: pa.Schema | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.adds or self.removes or self.replace)
+
+
+def storage_options_of(store: Location) -> dict[str, str] | None:
+    """What deltalake needs to reach the store: nothing locally; for s3:// the endpoint and
+    credentials as s3fs finds them (the storage options, else the AWS variables)."""
+    if store.local:
+        return None
+    if not store.url.startswith("s3://"):
+        raise StoreError(f"output.path: {store.url}: the delta format is written to a local "
+                         "folder or an s3:// URL")
+    options = store.options
+    client = options.get("client_kwargs") or {}
+    endpoint = options.get("endpoint_url") or client.get("endpoint_url") or \
+        os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    found = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": options.get("key"),
+        "AWS_SECRET_ACCESS_KEY": options.get("secret"),
+        "AWS_SESSION_TOKEN": options.get("token"),
+        "AWS_REGION": client.get("region_name") or os.environ.get("AWS_REGION")
+        or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+        "AWS_ALLOW_HTTP": "true" if endpoint and endpoint.startswith("http://") else None,
+        # why: S3 has no atomic rename-if-absent for the log; bertpipe's lease lock lets one
+        # writer commit at a time (stores/lock.py), which is what a locking provider gives
+        "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
+    }
+    return {key: str(value) for key, value in found.items() if value}
+
+
+def delta_form(table: pa.Table) -> pa.Table:
+    """A level's table as Delta stores it: each vector (fixed_size_list<float16|float32>)
+    a list<float32> whose field metadata holds its width and dtype; an all-null column
+    (type null, no Delta type) a string column."""
+    fields, columns = [], []
+    for f, column in zip(table.schema, table.columns, strict=True):
+        if pa.types.is_fixed_size_list(f.type):
+            dtype = np.dtype(f.type.value_type.to_pandas_dtype())
+            flat = pc.list_flatten(column).cast(pa.float32())
+            offsets = pa.array(np.arange(len(column) + 1, dtype=np.int32) * f.type.list_size)
+            column = pa.ListArray.from_arrays(offsets, flat.combine_chunks()
+                                              if isinstance(flat, pa.ChunkedArray) else flat)
+            f = pa.field(f.name, pa.list_(pa.float32()), metadata={
+                WIDTH_KEY: str(f.type.list_size).encode(), DTYPE_KEY: dtype.name.encode()})
+        elif pa.types.is_null(f.type):
+            column, f = column.cast(pa.string()), pa.field(f.name, pa.string())
+        fields.append(f)
+        columns.append(column)
+    return pa.table(columns, schema=pa.schema(fields))
+
+
+def sorted_by_order(table: pa.Table, level: str) -> pa.Table:
+    return table.sort_by([(name, "ascending") for name in LEVEL_ORDER[level]])
+
+
+def _cuts(keys: np.ndarray, rows: int) -> Iterator[tuple[int, int]]:
+    """Slices of about `rows` rows of a table sorted by `keys`, never splitting equal keys
+    (a document's chunks stay in one file)."""
+    start, n = 0, len(keys)
+    while start < n:
+        end = min(start + rows, n)
+        if end < n:
+            end = int(np.searchsorted(keys, keys[end - 1], side="right"))
+        yield start, end
+        start = end
+
+
+class DeltaFormat(ParquetFormat):
+    """The Delta store format (see the module docstring). Parquet data files are written
+    by the Parquet format's writer; Delta commits them."""
+
+    name = "delta"
+    atomic_switch = True  # a reader stays on the table versions it opened
+    writes_in_place = True  # an update writes only what differs, nothing is staged
+
+    def __init__(self, path: str, version: int | None = None) -> None:
+        super().__init__(path)
+        self.version_wanted = version
+        self._history: list[dict[str, Any]] | None = None
+        self._pins: dict[str, int] = {}  # level -> Delta version this handle reads
+        # while this handle writes: the Delta version of each table its next commit builds
+        # on (what it reads too); a commit that meets another writer's is refused
+        self._heads: dict[str, int] | None = None
+        self._pending: dict[str, _Pending] = {}
+        self._written: dict[str, FileSum] = {}
+
+    @classmethod
+    def holds_store(cls, path: str) -> bool:
+        return resolve(path).child("docs", LOG_DIR).is_dir()
+
+    # ---- the tables ---------------------------------------------------------------
+
+    def _uri(self, level: str) -> str:
+        table = self.location.child(level)
+        return table.path if table.local else table.url
+
+    def _table(self, level: str, version: int | None = None) -> DeltaTable | None:
+        """The level's table (at `version`, else its head); None when there is none."""
+        if not self.location.child(level, LOG_DIR).is_dir():
+            return None
+        try:
+            return DeltaTable(self._uri(level), version=version,
+                              storage_options=storage_options_of(self.location))
+        except TableNotFoundError:
+            return None
+        except DeltaError as exc:
+            raise StoreError(f"{self.path}: {level}: damaged Delta table ({_first_line(exc)})"
+                             ) from None
+
+    def _read_version(self, level: str) -> int | None:
+        """The Delta version of `level` this handle reads (None: the table's head)."""
+        if self._heads is not None:
+            return self._heads.get(level)
+        self.record()
+        return self._pins.get(level)
+
+    def _state(self, level: str) -> DeltaTable | None:
+        return self._table(level, self._read_version(level))
+
+    def _files(self, level: str) -> list[_DataFile]:
+        """The level's data files as this handle reads them, pending changes applied, in
+        the order of their first row."""
+        table = self._state(level)
+        files: list[_DataFile] = []
+        if table is not None:
+            actions = pa.table(table.get_add_actions(flatten=True))
+            first = f"min.{LEVEL_ORDER[level][0]}"
+            mins = actions.column(first).to_pylist() if first in actions.column_names \
+                else [None] * actions.num_rows
+            files = [_DataFile(path, int(rows), low) for path, rows, low in zip(
+                actions.column("path").to_pylist(), actions.column("num_records").to_pylist(),
+                mins, strict=True)]
+        pending = self._pending.get(level)
+        if pending is not None:
+            gone = {f.path for f in pending.removes}
+            files = [] if pending.replace else [f for f in files if f.path not in gone]
+            files += [_DataFile(a.path, json.loads(a.stats)["numRecords"],
+                                json.loads(a.stats)["minValues"].get(LEVEL_ORDER[level][0]))
+                      for a in pending.adds]
+        return sorted(files, key=lambda f: (f.first is None, f.first or 0))
+
+    def _levels(self) -> list[str]:
+        return [level for level in LEVEL_ORDER if self._state(level) is not None
+                or level in self._pending]
+
+    # ---- the provenance, in the docs table's commits --------------------------------
+
+    def _commits(self) -> list[dict[str, Any]]:
+        """The docs table's commits, newest first (read once per handle)."""
+        if self._history is None:
+            table = self._table("docs")
+            self._history = table.history() if table is not None else []
+        return self._history
+
+    def versions(self) -> list[DeltaVersion]:
+        """The complete versions still kept, newest first (a version's newest completing
+        commit: post-processing completes a version again)."""
+        commits = self._commits()
+        oldest = max((int(c.get(OLDEST_KEY) or 0) for c in commits), default=0)
+        seen: dict[int, DeltaVersion] = {}
+        for commit in commits:
+            version = commit.get(VERSION_KEY)
+            if commit.get(COMPLETE_KEY) is True and isinstance(version, int) and \
+                    version >= oldest and version not in seen:
+                seen[version] = DeltaVersion(version, _pins_of(commit), datetime.fromtimestamp(
+                    commit["timestamp"] / 1000, UTC))
+        return sorted(seen.values(), key=lambda v: -v.version)
+
+    def _marker(self) -> dict[str, Any] | None:
+        """The commit whose provenance this handle reads: the newest complete one (of the
+        version asked for), else the newest that carries one (a run not finished)."""
+        commits = [c for c in self._commits() if RECORD_KEY in c]
+        if self.version_wanted is None:
+            complete = [c for c in commits if c.get(COMPLETE_KEY) is True]
+            newest = complete or commits
+            return newest[0] if newest else None
+        for info in self.versions():
+            if info.version == self.version_wanted:
+                return next(c for c in commits if c.get("version") == info.tables["docs"])
+        held = ", ".join(str(v.version) for v in self.versions()) or "none"
+        raise StoreError(f"{self.path}: no version {self.version_wanted} (versions kept: "
+                         f"{held})")
+
+    def _read_record(self) -> dict[str, Any] | None:
+        marker = self._marker()
+        if marker is None:
+            return None
+        self._pins = _pins_of(marker)
+        try:
+            raw = json.loads(marker[RECORD_KEY])
+        except (TypeError, ValueError):
+            raise StoreError(f"{self.path}: damaged provenance in the docs table's commit "
+                             f"{marker.get('version')}") from None
+        return raw if isinstance(raw, dict) else None
+
+    def reread(self) -> dict[str, Any] | None:
+        self._history = None
+        return super().reread()
+
+    def _write_record(self, raw: dict[str, Any]) -> None:
+        """A commit of the docs table that changes no data and carries `raw` (and, when
+        it is complete, the table versions it describes)."""
+        self._begin_write()
+        docs = self._writer_table("docs")
+        if docs is None:
+            raise StoreError(f"{self.path}: no docs table to record the provenance in")
+        self._try_commit(lambda: docs.alter.set_table_description(
+            DESCRIPTION, commit_properties=self._properties(raw)))
+        self._committed("docs")
+
+    def _properties(self, raw: dict[str, Any] | None, version: int | None = None,
+                     **more: Any) -> CommitProperties:
+        """Commit metadata: the version; with `raw`, the provenance and the other tables'
+        versions (every table but docs is committed before the docs commit that names
+        it)."""
+        meta: dict[str, Any] = {VERSION_KEY: version_of(raw) if raw else version,
+                                COMPLETE_KEY: is_complete(raw), **more}
+        if raw is not None:
+            meta[RECORD_KEY] = json.dumps(raw, default=str)
+            heads = self._heads or {}
+            meta[TABLES_KEY] = {level: heads[level] for level in ("chunks", "tokens")
+                                if level in heads}
+        # no retries: a commit that meets another writer's is refused, never rebased
+        return CommitProperties(custom_metadata=meta, max_commit_retries=0)
+
+    def _try_commit(self, commit: Callable[[], object]) -> None:
+        try:
+            commit()
+        except CommitFailedError as exc:
+            raise StoreError(f"{self.path}: another run committed to the store meanwhile "
+                             f"({_first_line(exc)}); nothing of this run was committed"
+                             ) from None
+
+    def _committed(self, level: str) -> None:
+        """This handle's commit of `level` landed: its next one builds on it."""
+        assert self._heads is not None  # every write begins with _begin_write
+        self._heads[level] = self._heads.get(level, -1) + 1
+        self._history = None
+        self._record_read = False
+
+    def _writer_table(self, level: str) -> DeltaTable | None:
+        """The table as this handle's next commit builds on it (None: not made yet)."""
+        assert self._heads is not None
+        return self._table(level, self._heads[level]) if level in self._heads else None
+
+    def _begin_write(self) -> None:
+        """Before this handle writes: a version never completed (an update killed between
+        its commits) is rolled back, so that what is written builds on the current one."""
+        if self.version_wanted is not None:
+            raise StoreError(f"{self.path}: version {self.version_wanted} is read only")
+        if self._heads is not None:
+            return
+        if is_complete(self.record()):
+            for level, pinned in self._pins.items():
+                table = self._table(level)
+                if table is not None and table.version() > pinned:
+                    self._roll_back(table, pinned)
+            self._history = None
+        self._heads = {level: table.version() for level in LEVEL_ORDER
+                       if (table := self._table(level)) is not None}
+
+    def _roll_back(self, table: DeltaTable, version: int) -> None:
+        """A table back at `version` (Delta's restore: one more commit; the files of the
+        commits undone stay until `gc`)."""
+        meta = {VERSION_KEY: version_of(self.record()), COMPLETE_KEY: False}
+        self._try_commit(lambda: table.restore(version, commit_properties=CommitProperties(
+            custom_metadata=meta, max_commit_retries=0)))
+
+    # ---- writing data files -------------------------------------------------------
+
+    def _write_file(self, level: str, table: pa.Table) -> AddAction:
+        """One data file (sorted, Delta's types), written whole; its Delta add action."""
+        name = f"part-{uuid.uuid4().hex}.parquet"
+        file = self.location.child(level, name)
+        write_parquet(file, iter([table]), None)
+        rel = f"{level}/{name}"
+        sum_ = self.file_sum(rel)
+        if sum_ is not None:
+            self._written[rel] = sum_
+        keys = LEVEL_ORDER[level]
+        stats = {"numRecords": table.num_rows,
+                 "minValues": {k: pc.min(table.column(k)).as_py() for k in keys
+                               if table.num_rows},
+                 "maxValues": {k: pc.max(table.column(k)).as_py() for k in keys
+                               if table.num_rows},
+                 "nullCount": {k: 0 for k in keys}}
+        return AddAction(name, file.size() or 0, {}, int(time.time() * 1000), True,
+                         json.dumps(stats))
+
+    def _write_files(self, level: str, table: pa.Table) -> list[AddAction]:
+        keys = table.column(LEVEL_ORDER[level][0]).to_numpy()
+        return [self._write_file(level, table.slice(a, b - a))
+                for a, b in _cuts(keys, DELTA_ROWS_PER_FILE)]
+
+    def _commit_level(self, level: str, pending: _Pending, properties: CommitProperties
+                      ) -> None:
+        """One Delta commit of a level: a new table, all its files replaced, or files added
+        and removed."""
+        schema = pending.schema
+        table = self._writer_table(level)
+        now = int(time.time() * 1000)
+        if table is None:
+            assert schema is not None  # a new table is always given its schema
+            try:
+                self._try_commit(lambda: create_table_with_add_actions(
+                    self._uri(level), _delta_schema(schema, level), pending.adds,
+                    storage_options=storage_options_of(self.location),
+                    description=DESCRIPTION if level == "docs" else None,
+                    commit_properties=properties))
+            except DeltaError as exc:
+                if self._table(level) is None:
+                    raise StoreError(f"{self.path}: {level}: {_first_line(exc)}") from None
+                raise StoreError(f"{self.path}: another run made the {level} table meanwhile; "
+                                 "nothing of this run was committed") from None
+        elif pending.replace:
+            self._try_commit(lambda: table.create_write_transaction(
+                list(pending.adds), mode="overwrite",
+                schema=_delta_schema(schema, level) if schema else table.schema(),
+                commit_properties=properties))
+        elif not pending.empty:
+            actions: list[AddAction | RemoveAction] = [*pending.adds, *(
+                RemoveAction(f.path, True, now) for f in pending.removes)]
+            self._try_commit(lambda: table.create_write_transaction(
+                actions, mode="append", schema=table.schema(), commit_properties=properties))
+        else:
+            return
+        self._committed(level)
+
+    # ---- the first version ----------------------------------------------------------
+
+    def _version_target(self, version: int) -> Location:
+        self._begin_write()
+        return self.location
+
+    def _write_level(self, target: Location, level: StagedLevel, raw: dict[str, Any] | None
+                     ) -> None:
+        """A level's staged parts as files of about DELTA_ROWS_PER_FILE rows, committed in
+        one step (replacing whatever an interrupted run committed); the docs commit
+        carries `raw`."""
+        pending = _Pending(replace=True)
+        held: list[pa.Table] = []
+        for part in level.parts:
+            table = delta_form(part)
+            pending.schema = pending.schema or table.schema
+            held.append(table)
+            if sum(t.num_rows for t in held) >= 4 * DELTA_ROWS_PER_FILE:
+                pending.adds += self._flush(level.name, held, final=False)
+        pending.adds += self._flush(level.name, held, final=True)
+        properties = self._properties(raw, version=0)
+        self._commit_level(level.name, pending, properties)
+
+    def _flush(self, level: str, held: list[pa.Table], final: bool) -> list[AddAction]:
+        """Write the rows held as files; unless `final`, keep back the last file's rows
+        (more rows, or more of that document's chunks, may follow)."""
+        if not held:
+            return []
+        table = pa.concat_tables(held)
+        held.clear()
+        cuts = list(_cuts(table.column(LEVEL_ORDER[level][0]).to_numpy(), DELTA_ROWS_PER_FILE))
+        if not final and cuts:
+            start, _ = cuts.pop()
+            held.append(table.slice(start))
+        return [self._write_file(level, table.slice(a, b - a)) for a, b in cuts]
+
+    # ---- an update ------------------------------------------------------------------
+
+    def write_streamed_version(self, version: int, streamed: StreamedVersion) -> None:
+        """The new version's blocks compared file by file with the current version: new
+        rows become new files, a file whose rows changed (or were removed) is rewritten,
+        an equal one is kept. Nothing is committed before `publish`."""
+        self._begin_write()
+        keys = _RowKeys.of(self)
+        patches = {level: _LevelPatch(self, level, keys.next) for level in streamed.rows}
+        for block in streamed.blocks:
+            docs = block["docs"]
+            assert docs is not None  # every block has its documents
+            docs = streamed.columns["docs"].conform(docs)
+            positions = docs.column("row").to_numpy()
+            row_keys = keys.assign(docs)
+            docs = docs.set_column(docs.column_names.index("row"), "row", pa.array(row_keys))
+            patches["docs"].add(delta_form(docs))
+            chunks = block.get("chunks")
+            if "chunks" in patches and chunks is not None:
+                chunks = streamed.columns["chunks"].conform(chunks)
+                doc = chunks.column("doc").to_numpy() - (positions[0] if len(positions) else 0)
+                chunks = chunks.set_column(chunks.column_names.index("doc"), "doc",
+                                           pa.array(row_keys[doc] if len(doc) else doc))
+                patches["chunks"].add(delta_form(chunks))
+        self._pending = {level: patch.close() for level, patch in patches.items()}
+
+    def _switch(self, version: int, raw: dict[str, Any], previous: int) -> None:
+        """Commit the chunks table, then the docs table with the sealed provenance: the
+        commit that completes the version."""
+        sealed_raw = self._sealed(raw, version)
+        for level in ("chunks", "tokens"):
+            if level in self._pending:
+                self._commit_level(level, self._pending.pop(level),
+                                   self._properties(None, version=version))
+        docs = self._pending.pop("docs", _Pending())
+        if docs.empty:
+            self._write_record(sealed_raw)
+        else:
+            self._commit_level("docs", docs, self._properties(sealed_raw))
+        self._record, self._record_read = sealed_raw, True
+        self._history = None
+
+    def _sealed(self, raw: dict[str, Any], version: int) -> dict[str, Any]:
+        """Sums of the files this handle wrote, the recorded sums of the files it kept,
+        and (a store sealed without them) a read of any other."""
+        before = recorded_checksums(self.record())
+        sums = {}
+        for rel in self._files_of(version):
+            known = self._written.get(rel) or before.get(rel)
+            sums[rel] = known or self.file_sum(rel)
+        return sealed(raw, {k: v for k, v in sums.items() if v is not None})
+
+    def recover(self) -> None:
+        """Nothing to finish: a version is completed by one commit (what a killed update
+        committed before it is rolled back under the lock, `drop_retired`)."""
+
+    def drop_retired(self) -> None:
+        """Roll back what an update killed between its commits left (under the lock);
+        earlier versions stay readable until `gc` vacuums them."""
+        self._begin_write()
+
+    # ---- post-processed views --------------------------------------------------------
+
+    def add_view(self, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],
+                 levels: Sequence[str]) -> None:
+        """Each level's files rewritten with column `name` = fn(`source`), in one commit
+        per level; the provenance that names the view follows (`update_provenance`)."""
+        self._begin_write()
+        version = version_of(self.record())
+        for level in levels:
+            pending = _Pending(replace=True)
+            for data_file in self._files(level):
+                table = self._read_file(level, data_file.path)
+                values = fn(_vectors(table.column(source)).astype(np.float64))
+                dtype = np.dtype(table.schema.field(source).metadata[DTYPE_KEY].decode())
+                column = pa.FixedSizeListArray.from_arrays(
+                    pa.array(values.astype(dtype).reshape(-1)), values.shape[1])
+                extra = delta_form(pa.table({name: column}))
+                if name in table.column_names:
+                    table = table.drop_columns([name])
+                table = table.append_column(extra.schema.field(0), extra.column(0))
+                pending.schema = table.schema
+                pending.adds.append(self._write_file(level, table))
+            self._commit_level(level, pending, self._properties(None, version=version))
+
+    def _read_file(self, level: str, path: str, columns: list[str] | None = None
+                   ) -> pa.Table:
+        file = self.location.child(level, path)
+        try:
+            with file.open("rb") as f:
+                return pq.read_table(f, columns=columns)
+        except READ_ERRORS as exc:
+            raise StoreError(f"{file}: damaged Parquet file ({exc})") from None
+
+    def _file_schema(self, level: str, path: str) -> pa.Schema:
+        file = self.location.child(level, path)
+        try:
+            with file.open("rb") as f:
+                return pq.read_schema(f)
+        except READ_ERRORS as exc:
+            raise StoreError(f"{file}: damaged Parquet file ({exc})") from None
+
+    # ---- reading ---------------------------------------------------------------------
+
+    def _files_of(self, version: int) -> list[str]:
+        return [f"{level}/{f.path}" for level in self._levels() for f in self._files(level)] \
+            + self._param_files()
+
+    def row_counts(self) -> dict[str, tuple[str, int]]:
+        return {level: (level, sum(f.rows for f in self._files(level)))
+                for level in self._levels() if level != "tokens"}
+
+    def _dataset(self, level: str) -> xr.Dataset | None:
+        """A level lazily, in its order (see the module docstring); None without it."""
+        if level not in self._levels():
+            return None
+        files = [self.location.child(level, f.path) for f in self._files(level)]
+        data = _parts_dataset(files, LEVEL_DIMS[level])
+        if not data.data_vars:
+            return data
+        order = [np.asarray(data[name].values) for name in LEVEL_ORDER[level]]
+        rank = np.lexsort(order[::-1])
+        if not np.array_equal(rank, np.arange(len(rank))):  # written by another tool
+            data = data.isel({LEVEL_DIMS[level]: rank})
+        return data
+
+    def open_datasets(self) -> tuple[xr.Dataset, xr.Dataset | None]:
+        docs = self._dataset("docs")
+        if docs is None:
+            raise StoreError(f"{self.path}: no docs table")
+        rows = np.asarray(docs["row"].values)
+        docs = docs.drop_vars("row").set_coords("id")
+        chunks = self._dataset("chunks")
+        if chunks is not None and "doc" in chunks:
+            # `doc` names a docs `row`; readers of a store count documents by position
+            chunks["doc"] = (("chunk",), np.searchsorted(rows, np.asarray(chunks["doc"].values)))
+        return docs, chunks
+
+    def open_tokens(self) -> xr.Dataset | None:
+        return self._dataset("tokens")
+
+    # ---- versions --------------------------------------------------------------------
+
+    def version_numbers(self) -> list[int]:
+        return [v.version for v in self.versions()]
+
+    def at_version(self, version: int) -> DeltaFormat:
+        at = DeltaFormat(self.path, version)
+        at.record()  # refused here when the version is not kept
+        return at
+
+    def gc(self, keep: int) -> tuple[list[int], int]:
+        """Keep the newest `keep` versions; vacuum every data file none of them uses (and
+        the files of writes never committed); the versions expired and the bytes freed."""
+        if keep < 1:
+            raise StoreError("--keep: at least 1 (the current version)")
+        self._begin_write()
+        held = self.versions()
+        if len(held) <= keep:
+            return [], 0
+        kept = held[:keep]
+        freed = 0
+        for level in self._levels():
+            table = self._writer_table(level)
+            assert table is not None  # listed by _levels
+            versions = sorted({v.tables[level] for v in kept if level in v.tables})
+            freed += self._vacuum(level, table, versions)
+            self._heads = {**(self._heads or {}), level: table.version()}  # vacuum commits
+        raw = self.record()
+        assert raw is not None  # a store with versions has a provenance
+        docs = self._writer_table("docs")
+        assert docs is not None
+        self._try_commit(lambda: docs.alter.set_table_description(
+            DESCRIPTION, commit_properties=self._properties(
+                raw, **{OLDEST_KEY: kept[-1].version})))
+        self._committed("docs")
+        return [v.version for v in held[keep:]], freed
+
+    def _vacuum(self, level: str, table: DeltaTable, keep_versions: list[int]) -> int:
+        """Delete the level's files that no kept version uses; the bytes freed."""
+        def vacuum(dry_run: bool) -> list[str]:
+            # retention 0: the versions to keep are named; full: also files of writes
+            # that never committed (a killed run's)
+            return table.vacuum(retention_hours=0, dry_run=dry_run,
+                                enforce_retention_duration=False, full=True,
+                                keep_versions=keep_versions)
+
+        doomed = vacuum(dry_run=True)
+        sizes = sum(self.location.child(level, rel).size() or 0
+                    for rel in (_relative(uri, self._uri(level)) for uri in doomed))
+        vacuum(dry_run=False)
+        return sizes
+
+
+class _RowKeys:
+    """Each row of the new version keeps its `row` (the current version's, matched by id);
+    a new row gets the next free one, so rows stay in the store's order."""
+
+    def __init__(self, ids: pa.Array, rows: np.ndarray):
+        self.ids, self.rows = ids, rows
+        self.next = int(rows.max()) + 1 if len(rows) else 0
+        self.last = -1
+
+    @classmethod
+    def of(cls, fmt: DeltaFormat) -> _RowKeys:
+        parts = [fmt._read_file("docs", f.path, ["id", "row"]) for f in fmt._files("docs")]
+        if not parts:
+            return cls(pa.array([]), np.zeros(0, np.int64))
+        table = pa.concat_tables(parts)
+        return cls(table.column("id").combine_chunks(), table.column("row").to_numpy())
+
+    def assign(self, docs: pa.Table) -> np.ndarray:
+        ids = docs.column("id").combine_chunks()
+        try:
+            found = pc.index_in(ids, value_set=self.ids.cast(ids.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            found = pa.nulls(len(ids), pa.int32())  # another id type: every row is new
+        at = found.to_numpy(zero_copy_only=False)
+        known = ~np.isnan(at.astype(np.float64))
+        keys = np.empty(len(ids), np.int64)
+        keys[known] = self.rows[at[known].astype(np.int64)]
+        fresh = int((~known).sum())
+        keys[~known] = self.next + np.arange(fresh)
+        self.next += fresh
+        if len(keys) and (keys[0] <= self.last or np.any(np.diff(keys) <= 0)):
+            raise StoreError("delta: the new version's rows are not in the store's order "
+                             "(kept rows first, in place, then new ones); nothing was "
+                             "committed")
+        self.last = int(keys[-1]) if len(keys) else self.last
+        return keys
+
+
+class _LevelPatch:
+    """A level's new rows (Delta's types, in order) against its current files: a file is
+    kept when its rows are the same, else rewritten; rows past the current ones are new
+    files. Each current file covers the keys from its first row to the next file's."""
+
+    def __init__(self, fmt: DeltaFormat, level: str, boundary: int):
+        self.fmt, self.level = fmt, level
+        self.key = LEVEL_ORDER[level][0]
+        self.files = [f for f in fmt._files(level) if f.first is not None]
+        self.starts = np.array([f.first for f in self.files], np.int64)
+        self.boundary = boundary  # the first docs `row` of a new document
+        self.pending = _Pending()
+        self.bucket: int = 0  # the file whose rows are being gathered
+        self.gathered: list[pa.Table] = []
+        self.fresh: list[pa.Table] = []
+        self.replace_all: bool | None = None  # the schema changed: every file rewritten
+
+    def add(self, table: pa.Table) -> None:
+        table = self._aligned(table)
+        keys = table.column(self.key).to_numpy()
+        old = int(np.searchsorted(keys, self.boundary, side="left"))
+        if old:
+            buckets = np.maximum(np.searchsorted(self.starts, keys[:old], side="right") - 1, 0)
+            for b in np.unique(buckets):
+                lo, hi = np.searchsorted(buckets, b, "left"), np.searchsorted(buckets, b, "right")
+                while self.bucket < b:
+                    self._close_bucket()
+                self.gathered.append(table.slice(lo, hi - lo))
+        if old < len(table):
+            self.fresh.append(table.slice(old))
+            if sum(t.num_rows for t in self.fresh) >= 4 * DELTA_ROWS_PER_FILE:
+                self.pending.adds += self.fmt._flush(self.level, self.fresh, final=False)
+
+    def _aligned(self, table: pa.Table) -> pa.Table:
+        """`table`'s columns in the current files' order; whether the schema changed is
+        decided on the first table."""
+        if self.replace_all is None:
+            self.pending.schema = table.schema
+            current = self.fmt._file_schema(self.level, self.files[0].path) \
+                if self.files else None
+            same = current is not None and set(current.names) == set(table.column_names)
+            if same:
+                assert current is not None
+                table = table.select(current.names)
+                same = _comparable(table.schema) == _comparable(current)
+            self.replace_all = not same
+            self.pending.replace = not same
+            if same:
+                self.pending.schema = table.schema
+        if self.pending.schema is not None and not self.replace_all:
+            table = table.select(self.pending.schema.names)
+        return table
+
+    def _close_bucket(self) -> None:
+        """Compare the rows gathered for the current file with it; rewrite it if they
+        differ (no rows: it goes)."""
+        if self.bucket >= len(self.files):
+            return
+        current = self.files[self.bucket]
+        new = pa.concat_tables(self.gathered) if self.gathered else None
+        self.gathered = []
+        self.bucket += 1
+        if not self.replace_all and new is not None:
+            old = sorted_by_order(self.fmt._read_file(self.level, current.path), self.level)
+            if old.num_rows == new.num_rows and old.select(new.column_names).equals(new):
+                return
+        self.pending.removes.append(current)
+        if new is not None and new.num_rows:
+            self.pending.adds += self.fmt._write_files(self.level, new)
+
+    def close(self) -> _Pending:
+        while self.bucket < len(self.files):
+            self._close_bucket()
+        self.pending.adds += self.fmt._flush(self.level, self.fresh, final=True)
+        if self.replace_all:
+            self.pending.removes = []
+        return self.pending
+
+
+def _delta_schema(schema: pa.Schema, level: str) -> Schema:
+    """The Delta schema of a level's files; a column Delta has no type for is refused,
+    named."""
+    for f in schema:
+        try:
+            Schema.from_arrow(pa.schema([f]))
+        except Exception as exc:  # why so wide: deltalake raises a bare Exception here
+            raise StoreError(f"output.format: delta cannot store {level} column {f.name!r} of "
+                             f"type {f.type} ({_first_line(exc)}); carry it as another type or "
+                             "use output.format: parquet") from None
+    return Schema.from_arrow(schema)
+
+
+def _comparable(schema: pa.Schema) -> list[tuple[str, pa.DataType, bytes | None]]:
+    return [(f.name, f.type, (f.metadata or {}).get(WIDTH_KEY)) for f in schema]
+
+
+def _vectors(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A stored vector column (list<float32> or fixed-size) as an (N, D) array."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if pa.types.is_fixed_size_list(column.type):
+        return column_matrix(column)
+    values = pc.list_flatten(column).to_numpy(zero_copy_only=False)
+    return values.reshape(len(column), -1)
+
+
+def _pins_of(commit: dict[str, Any]) -> dict[str, int]:
+    tables = commit.get(TABLES_KEY) or {}
+    return {"docs": int(commit["version"]),
+            **{str(level): int(v) for level, v in tables.items()}}
+
+
+def _relative(uri: str, table_uri: str) -> str:
+    """A file of a table, as vacuum names it (a URI or a path), relative to the table."""
+    for prefix in (table_uri.rstrip("/") + "/", "file://" + table_uri.rstrip("/") + "/"):
+        if uri.startswith(prefix):
+            return uri[len(prefix):]
+    return uri
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
