@@ -163,6 +163,74 @@ def test_incomplete_store_does_not_open_and_resumes(fmt: str, tmp_path: Path, ti
                                       pipeline.open_store(clean.output.path).vectors(view))
 
 
+def _killed_after(job: Job, first: int) -> None:
+    """Run `job` until its first `first` partitions are staged, then die (as a killed run)."""
+    from pipeline.run import runner
+
+    class Dies(runner.InProcessExecutor):
+        def run(self, job, parts, staging, fingerprint, on_done):  # type: ignore[no-untyped-def]
+            super().run(job, parts[:first], staging, fingerprint, on_done)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_job(job, executor=Dies())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_resume_reads_each_staged_part_once(fmt: str, tmp_path: Path, tiny_bert: Path,
+                                              small_texts: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Parts a killed run left are not hashed at the start of the resume and read again at
+    the commit: each part file is read once."""
+    from pipeline.io.location import Location
+
+    job = _job(tmp_path, tiny_bert, small_texts, fmt)
+    _killed_after(job, 1)
+    reads: dict[str, int] = {}
+    read_bytes = Location.read_bytes
+
+    def counted(self: Location, *args: Any, **kwargs: Any) -> bytes:
+        if "/_bertpipe/parts/" in self.path and self.path.endswith(".parquet"):
+            reads[self.path] = reads.get(self.path, 0) + 1
+        return read_bytes(self, *args, **kwargs)
+
+    monkeypatch.setattr(Location, "read_bytes", counted)
+    summary = run_job(job)
+    assert summary.skipped == 1 and summary.run == 1
+    assert any(Path(p).name == "000000.docs.parquet" for p in reads), reads
+    assert all(n == 1 for n in reads.values()), reads
+
+
+@pytest.mark.parametrize("fmt", ["zarr", "parquet"])
+def test_a_staged_part_altered_before_the_resume_is_encoded_again(
+        fmt: str, tmp_path: Path, tiny_bert: Path, small_texts: Path) -> None:
+    """Same size, other bytes (a flipped byte in a part a killed run left): the resume's
+    commit refuses it (exit 6, nothing published, its marker removed) and the next rerun
+    encodes that partition again, to a store equal to a clean run."""
+    from pipeline.errors import PartitionError
+    from pipeline.stores.staging import Staging
+
+    job = _job(tmp_path, tiny_bert, small_texts, fmt)
+    _killed_after(job, 1)
+    staging = Staging(job.output.path)
+    part = staging.part_path(0, "docs")
+    data = bytearray(part.read_bytes())
+    data[len(data) // 3] ^= 0xFF  # inside the column data, not the footer
+    part.write_bytes(bytes(data))
+    with pytest.raises(PartitionError, match=r"staged partition 0 changed after it was written"):
+        run_job(job)
+    assert not staging.marker(0).exists() and staging.marker(1).exists()
+    with pytest.raises(StoreError, match="incomplete"):
+        pipeline.open_store(job.output.path)
+    summary = run_job(job)
+    assert summary.skipped == 1 and summary.run == 1
+    clean = _job(tmp_path / "clean", tiny_bert, small_texts, fmt)
+    run_job(clean)
+    for view in ("mean", "cls", "cat"):
+        np.testing.assert_array_equal(pipeline.open_store(job.output.path).vectors(view),
+                                      pipeline.open_store(clean.output.path).vectors(view))
+
+
 def test_partitions_follow_row_groups_and_files(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()

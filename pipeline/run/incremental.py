@@ -37,6 +37,7 @@ from ..io.location import Location
 from ..post.apply import load_transform
 from ..spec import InputSpec, Job
 from ..stores import Staging, store_at
+from ..stores.base import StoreFormat
 from ..stores.lock import Fence
 from ..stores.markers import MarkerTotals
 from ..stores.opened import StoreData, open_store_data
@@ -191,6 +192,22 @@ def _write_delta(file: Location, changes: Changes, partition_rows: int) -> None:
         pq.write_table(table, out, row_group_size=max(partition_rows, 1), compression="zstd")
 
 
+def _write_version(fmt: StoreFormat, version: int, assembly: Assembly, budget: int,
+                   staging: Staging, path: str) -> dict[str, int]:
+    """The new version written beside the current one (not yet published); its stats."""
+    if fmt.writes_in_place:  # straight into the current arrays: nothing staged
+        streamed, stats = streamed_version(assembly, budget)
+        staging.confirm("write the new version")
+        fmt.write_streamed_version(version, streamed)
+        return stats
+    assembled = Staging(path, ASSEMBLED)
+    assembled.remove_parts()
+    layout, stats = assemble(assembly, assembled, budget)
+    staging.confirm("write the new version")
+    fmt.write_version(version, assembled, layout)
+    return stats
+
+
 def _commit(ctx: RunContext, store: StoreData, changes: Changes, staging: Staging,
             parts: list[Partition], totals: MarkerTotals, took_over_lock: str) -> Provenance:
     """Assemble and write the new version beside the current one, then publish it."""
@@ -200,24 +217,17 @@ def _commit(ctx: RunContext, store: StoreData, changes: Changes, staging: Stagin
     fmt.drop_retired()  # versions before the current one: their readers had a run's time
     version = current.version + 1
     has_chunks = "chunks" in job.output.levels
-    delta = Source.staged(staging, [p.index for p in parts], has_chunks) if parts else None
-    derived: Derived = {}
-    for name, info in current.post.items():
-        transform = load_transform(store, name)
-        if transform is not None:
-            derived[name] = (info.source, transform.apply)
-    assembly = Assembly(job, changes, Source.of(store.docs, store.chunks), delta, store.views,
-                        derived)
-    if fmt.writes_in_place:  # straight into the current arrays: nothing staged
-        streamed, stats = streamed_version(assembly, ctx.plan.budget)
-        staging.confirm("write the new version")
-        fmt.write_streamed_version(version, streamed)
-    else:
-        assembled = Staging(path, ASSEMBLED)
-        assembled.remove_parts()
-        layout, stats = assemble(assembly, assembled, ctx.plan.budget)
-        staging.confirm("write the new version")
-        fmt.write_version(version, assembled, layout)
+    indices = [p.index for p in parts]
+    with staging.checked_reads(indices):  # the delta's parts are read here, once
+        delta = Source.staged(staging, indices, has_chunks) if parts else None
+        derived: Derived = {}
+        for name, info in current.post.items():
+            transform = load_transform(store, name)
+            if transform is not None:
+                derived[name] = (info.source, transform.apply)
+        assembly = Assembly(job, changes, Source.of(store.docs, store.chunks), delta,
+                            store.views, derived)
+        stats = _write_version(fmt, version, assembly, ctx.plan.budget, staging, path)
     # the history entry of this run (its wall time up to the switch)
     record = run_record("incremental", version, ctx.started_at, ctx.identity, totals,
                         ctx.elapsed(), took_over_lock, rows=changes.rows, added=changes.added,

@@ -48,7 +48,13 @@ def detect_format(path: str) -> StoreFormat:
     for fmt in formats().values():
         if fmt.holds_store(path):
             return fmt(path)
-    if resolve(path).child("chunks").is_dir():
+    from .staging import STAGING_DIR
+
+    root = resolve(path)
+    if root.child(STAGING_DIR).child("run.json").exists():  # a first commit was cut short
+        raise StoreError(f"{path}: store is incomplete (its job has not finished; rerun it "
+                         "to resume)")
+    if root.child("chunks").is_dir():
         raise StoreError(f"{path}: docs/part-0.parquet is missing (chunks/ is there): a "
                          "damaged Parquet store")
     raise StoreError(f"{path}: not a bertpipe store (no zarr.json, docs/part-0.parquet, "

@@ -17,7 +17,8 @@ from typing import Any
 @dataclass(frozen=True)
 class PartitionMarker:
     """One encoded partition: where its rows came from, what encoding them cost, what
-    ran it, and the SHA-256 of each part file (`sha256`, by level; set when written)."""
+    ran it, and the SHA-256 and size of each part file (`sha256`, `part_bytes`, by level;
+    set when written)."""
 
     index: int
     fingerprint: str  # the run fingerprint (job content and model weights)
@@ -34,32 +35,36 @@ class PartitionMarker:
     seconds: float
     n_stored_tokens: int = 0  # rows of the token table, when the job has token views
     sha256: Mapping[str, str] = field(default_factory=dict)
+    part_bytes: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def n_rows(self) -> int:
         return self.rows[1] - self.rows[0]
 
-    def sealed(self, checksums: Mapping[str, str]) -> PartitionMarker:
-        """This marker with the checksums of its written part files."""
-        return replace(self, sha256=dict(checksums))
+    def sealed(self, checksums: Mapping[str, str], sizes: Mapping[str, int]
+               ) -> PartitionMarker:
+        """This marker with the checksums and sizes of its written part files."""
+        return replace(self, sha256=dict(checksums), part_bytes=dict(sizes))
 
     def to_dict(self) -> dict[str, Any]:
         raw = asdict(self)
         raw["rows"] = list(self.rows)
         raw["sha256"] = dict(self.sha256)
+        raw["part_bytes"] = dict(self.part_bytes)
         return raw
 
     @classmethod
     def from_dict(cls, raw: Any) -> PartitionMarker:
         """The marker in `raw`; ValueError when it is not a complete marker. Markers of an
-        earlier bertpipe lack `n_unique` (every row was encoded) and `runtime` (torch)."""
+        earlier bertpipe lack `n_unique` (every row was encoded), `runtime` (torch) and
+        `part_bytes` (their parts are checked by checksum instead)."""
         if not isinstance(raw, dict):
             raise ValueError("a marker is a JSON object")
         try:
             start, stop = (int(v) for v in raw["rows"])
-            sha256 = raw.get("sha256", {})
-            if not isinstance(sha256, dict):
-                raise ValueError("sha256 is not an object")
+            sha256, sizes = raw.get("sha256", {}), raw.get("part_bytes", {})
+            if not isinstance(sha256, dict) or not isinstance(sizes, dict):
+                raise ValueError("sha256 or part_bytes is not an object")
             return cls(
                 index=int(raw["index"]), fingerprint=str(raw["fingerprint"]),
                 rows=(start, stop), input=str(raw["input"]), n_chunks=int(raw["n_chunks"]),
@@ -68,7 +73,8 @@ class PartitionMarker:
                 device=str(raw["device"]), dtype=str(raw["dtype"]),
                 runtime=str(raw.get("runtime", "torch")), seconds=float(raw["seconds"]),
                 n_stored_tokens=int(raw.get("n_stored_tokens", 0)),
-                sha256={str(k): str(v) for k, v in sha256.items()})
+                sha256={str(k): str(v) for k, v in sha256.items()},
+                part_bytes={str(k): int(v) for k, v in sizes.items()})
         except (KeyError, TypeError) as exc:
             raise ValueError(f"not a partition marker ({exc})") from None
 

@@ -25,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..errors import PartitionError, StoreError
 from ..io.location import Location, resolve
 from .lock import Fence
 from .markers import PartitionMarker
@@ -81,45 +82,53 @@ class Staging:
         return self.parts.glob("*.done.json")
 
     def write_tables(self, index: int, tables: Mapping[str, pa.Table | None]
-                     ) -> dict[str, str]:
-        """Write a partition's part files (each whole); their SHA-256 by level."""
+                     ) -> tuple[dict[str, str], dict[str, int]]:
+        """Write a partition's part files (each whole); their SHA-256 and sizes by level."""
         encoded = {}
         for level, table in tables.items():
             if table is None:
                 continue
             buffer = io.BytesIO()
-            # why: parts are read back whole at commit; no dictionary for float vectors
-            pq.write_table(table, buffer, compression="zstd", use_dictionary=False)
+            # why: parts are read back whole at commit; no dictionary for float vectors;
+            # page checksums so that the one read at commit refuses altered bytes
+            pq.write_table(table, buffer, compression="zstd", use_dictionary=False,
+                           write_page_checksum=True)
             encoded[level] = buffer.getvalue()
         # encoded first, checked last: what separates the fencing check from the writes is
         # only the writes themselves
         self.confirm(f"write partition {index}")
         for level, data in encoded.items():
             self.part(index, level).write_bytes(data)
-        return {level: hashlib.sha256(data).hexdigest() for level, data in encoded.items()}
+        return ({level: hashlib.sha256(data).hexdigest() for level, data in encoded.items()},
+                {level: len(data) for level, data in encoded.items()})
 
     def write_part(self, marker: PartitionMarker, tables: Mapping[str, pa.Table | None]
                    ) -> PartitionMarker:
         """Write the part files, then the marker that says they are whole."""
-        sealed = marker.sealed(self.write_tables(marker.index, tables))
+        sealed = marker.sealed(*self.write_tables(marker.index, tables))
         self.confirm(f"mark partition {marker.index} done")  # again: writing takes time
         self.marker(marker.index).write_json(sealed.to_dict())
         return sealed
 
     def done(self, fingerprint: str) -> dict[int, PartitionMarker]:
-        """Markers of finished partitions whose parts are intact and from this run."""
+        """Markers of finished partitions whose parts are whole and from this run. A part
+        is whole when its size is the one its marker recorded: its bytes are checked where
+        they are read anyway, at the commit (page checksums; see `checked_reads`), so a
+        resume reads each part once, not once to hash it and again to copy it."""
         found = {}
         for path in self.markers():
-            try:
-                marker = PartitionMarker.from_dict(json.loads(path.read_bytes()))
-            except (ValueError, FileNotFoundError):
-                continue  # a marker is written whole; a damaged one is not trusted
-            if marker.fingerprint != fingerprint:
+            marker = _marker_in(path)
+            if marker is None or marker.fingerprint != fingerprint:
                 continue
-            if all(self._intact(marker.index, level, digest)
-                   for level, digest in marker.sha256.items()):
+            if all(self._whole(marker, level) for level in marker.sha256):
                 found[marker.index] = marker
         return found
+
+    def _whole(self, marker: PartitionMarker, level: str) -> bool:
+        size = marker.part_bytes.get(level)
+        if size is None:  # a marker of an earlier bertpipe: no size, so hash the part
+            return self._intact(marker.index, level, marker.sha256[level])
+        return self.part(marker.index, level).size() == size
 
     def _intact(self, index: int, level: str, digest: str) -> bool:
         try:
@@ -128,12 +137,47 @@ class Staging:
             return False
         return hashlib.sha256(data).hexdigest() == digest
 
+    @contextlib.contextmanager
+    def checked_reads(self, indices: Sequence[int]) -> Iterator[None]:
+        """Reading the parts of `indices` (a commit): when a read fails, the parts are
+        hashed against their markers, and a damaged part's marker is removed so that a
+        rerun encodes that partition again (PartitionError, exit 6: worth a rerun). Only a
+        failed read pays for the second read."""
+        try:
+            yield
+        except (OSError, ValueError, pa.ArrowException, StoreError) as exc:
+            damaged = self.drop_damaged(indices)
+            if not damaged:
+                raise
+            shown = ", ".join(str(i) for i in damaged[:5]) + (" ..." if len(damaged) > 5 else "")
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise PartitionError(
+                f"staged partition{'s' if len(damaged) > 1 else ''} {shown} changed after "
+                f"{'they were' if len(damaged) > 1 else 'it was'} written (its bytes no longer "
+                f"match its marker: {first}); nothing is published and the marker is removed, "
+                "so a rerun encodes it again") from None
+
+    def drop_damaged(self, indices: Sequence[int]) -> list[int]:
+        """The partitions among `indices` whose parts no longer match their markers (their
+        markers removed)."""
+        damaged = []
+        for index in indices:
+            marker = _marker_in(self.marker(index))
+            if marker is None or all(self._intact(index, level, digest)
+                                     for level, digest in marker.sha256.items()):
+                continue
+            damaged.append(index)
+            with contextlib.suppress(FileNotFoundError):
+                self.marker(index).remove()
+        return damaged
+
     def read_parts(self, level: str, indices: Sequence[int]) -> Iterator[pa.Table]:
         for index in indices:
             # a commit reads every part: fencing between parts (at most once a second, far
             # inside any lease) keeps a run taken over while paused mid-commit from going on
             self.confirm(f"commit partition {index}", unless_within_s=1.0)
-            yield pq.read_table(io.BytesIO(self.part(index, level).read_bytes()))
+            yield pq.read_table(io.BytesIO(self.part(index, level).read_bytes()),
+                                page_checksum_verification=True)
 
     def part_schemas(self, level: str, indices: Sequence[int]) -> Iterator[pq.FileMetaData]:
         """The footers of the parts of `level` (no column data read)."""
@@ -159,3 +203,12 @@ class Staging:
         """Empty this area's folder of parts (the rest of the staging area stays)."""
         with contextlib.suppress(OSError):
             self.parts.remove_tree()
+
+
+def _marker_in(path: Location) -> PartitionMarker | None:
+    """The marker at `path`; None when absent or damaged (a marker is written whole, so a
+    damaged one is not trusted)."""
+    try:
+        return PartitionMarker.from_dict(json.loads(path.read_bytes()))
+    except (ValueError, FileNotFoundError):
+        return None
