@@ -20,6 +20,7 @@ import pipeline
 from pipeline.extract.partition import vector_array
 from pipeline.stores import Layout, Staging, store_at
 from pipeline.stores.provenance import Provenance
+from tests.s3server import environment, moto_server
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -399,3 +400,22 @@ def colour_bars(pixels: Any, length: int = 150) -> list[tuple[int, int, int]]:
             if stop - start >= length and red[start] >= 235 and red[stop] <= 20:
                 found.append((y, int(start), int(stop)))
     return found
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """The loopback endpoint, found by botocore through the AWS variables for the whole
+    session (as a job on a cluster finds its object store). One for the session, defined here
+    so that every test module shares it (two would each set the variables)."""
+    with moto_server() as url:
+        saved = {k: os.environ.get(k) for k in [*environment(url), "AWS_PROFILE"]}
+        os.environ.pop("AWS_PROFILE", None)
+        os.environ.update(environment(url))
+        try:
+            yield url
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value

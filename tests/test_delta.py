@@ -29,7 +29,6 @@ from pipeline.stores import delta_store, detect_format
 from pipeline.stores.delta_store import DeltaFormat
 from pipeline.stores.verify import verify_store
 from tests.conftest import REVIEWS, job_dict
-from tests.test_object_store import s3_endpoint  # noqa: F401 (the loopback S3 fixture)
 
 
 def _texts(n: int) -> list[str]:
@@ -287,7 +286,7 @@ def test_a_view_whitened_in_place_to_fewer_dimensions(tmp_path: Path, tiny_bert:
 
 @pytest.mark.slow  # a 400-row store, its update and a run from scratch
 def test_update_on_s3_encodes_only_new_and_changed_rows(
-        s3_endpoint: str, tmp_path: Path, tiny_bert: Path) -> None:  # noqa: F811
+        s3_endpoint: str, tmp_path: Path, tiny_bert: Path) -> None:
     """The scenario of tests/test_incremental.py on a store in a bucket: 400 rows, then 150
     new, 20 edited, 10 deleted: exactly 170 encoded, the store equals a run from scratch by
     id, version 0 stays readable, verify passes and catches a damaged data file."""

@@ -34,24 +34,6 @@ from tests.conftest import REPO, REVIEWS, job_dict, write_job
 from tests.s3server import environment, make_bucket, moto_server
 
 
-@pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    """The loopback endpoint, found by botocore through the AWS variables for the whole
-    session (as a job on a cluster finds its object store)."""
-    with moto_server() as url:
-        saved = {k: os.environ.get(k) for k in [*environment(url), "AWS_PROFILE"]}
-        os.environ.pop("AWS_PROFILE", None)
-        os.environ.update(environment(url))
-        try:
-            yield url
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
-
-
 def new_bucket(endpoint: str) -> str:
     name = f"b-{uuid.uuid4().hex[:12]}"
     make_bucket(endpoint, name)
