@@ -327,3 +327,61 @@ def test_cuda_batches_are_pinned_and_agree_with_the_cpu(minilm: Path, tmp_path: 
         vectors[device] = ex.encode_prepared(prepared).docs
     for view, want in vectors["cpu"].items():
         np.testing.assert_allclose(vectors["cuda"][view], want, atol=1e-4, err_msg=view)
+
+
+# ---- the Dask executor ------------------------------------------------------------------
+
+@pytest.fixture
+def gpu_labelled_cluster() -> Iterator[str]:
+    """One in-process worker thread offering GPU=1, as a GPU worker does (the model still
+    runs on the CPU here): the address of its scheduler."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      resources={"GPU": 1}, dashboard_address=None) as cluster:
+        yield cluster.scheduler_address
+
+
+@pytest.mark.cluster
+def test_a_dask_gpu_worker_prepares_ahead_and_writes_the_same_store(
+        gpu_labelled_cluster: str, tiny_bert: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.run import dask_executor
+    from pipeline.run.dask_executor import DaskExecutor
+
+    source = tmp_path / "in.parquet"
+    texts = [" ".join(["the drug worked"] * (i % 5 + 1)) + f" day {i}" for i in range(24)]
+    pq.write_table(pa.table({"id": list(range(24)), "text": texts}), source)
+    events: list[tuple[str, int]] = []
+    prepare, finish = Extractor.prepare, Extractor.finish
+
+    def logged_prepare(self: Extractor, part: Any, pad: bool = False) -> Any:
+        events.append(("prepare", part.index))
+        return prepare(self, part, pad)
+
+    def slow_finish(self: Extractor, prepared: Any) -> Any:
+        time.sleep(0.2)  # a slow device: time in which the next partition is prepared
+        tables = finish(self, prepared)
+        events.append(("encoded", prepared.part.index))
+        return tables
+
+    monkeypatch.setattr(Extractor, "prepare", logged_prepare)
+    monkeypatch.setattr(Extractor, "finish", slow_finish)
+    stores = {}
+    for ahead in (0, 1):
+        # the policy as it reads a GPU worker's encoder; the model itself runs on the CPU
+        monkeypatch.setattr(dask_executor, "prepare_depth", lambda extractor, d=ahead: d)
+        raw = job_dict(source, tiny_bert, tmp_path / f"dask-{ahead}.zarr",
+                       execution={"scheduler": gpu_labelled_cluster, "partition_rows": 6})
+        raw["model"]["device"] = "auto"  # may use a GPU: the tasks ask for the resource
+        events.clear()
+        run_job(Job.from_dict(raw), DaskExecutor(gpu_labelled_cluster))
+        stores[ahead] = pipeline.open_store(tmp_path / f"dask-{ahead}.zarr")
+        # partitions started but not yet encoded, at each event: one at a time in turn;
+        # with one prepared ahead, two (Dask picks the order of the partitions)
+        in_flight = np.cumsum([1 if kind == "prepare" else -1 for kind, _ in events])
+        assert in_flight.max() == 1 + ahead, events
+        assert sorted(k for kind, k in events if kind == "encoded") == [0, 1, 2, 3]
+    for view in ("mean", "cls"):
+        assert np.array_equal(stores[1].vectors(view), stores[0].vectors(view))
+    assert (stores[1].docs["id"].values == stores[0].docs["id"].values).all()
