@@ -189,9 +189,12 @@ class InProcessExecutor:
 
 def prepare_depth(extractor: Extractor) -> int:
     """Partitions to prepare ahead of the encoder: one where it runs on a device (its
-    thread mostly waits for the device, so the CPU is free to tokenize the next one),
-    none on the CPU, where tokenizing ahead would take the cores the encoder was allotted
-    (extract/threads.py) for a share of its time too small to matter."""
+    thread mostly waits for the device, so the CPU is free to tokenize the next one; on a
+    1-thread allotment too, where the preparing thread shares that CPU with a thread that
+    mostly waits: `make bench-feed` measures both). None on the CPU: there the encoder
+    uses every thread it was allotted (extract/threads.py), and preparing is under 1% of
+    its work (the fast tokenizer does ~300k tokens per CPU-second, a CPU encoder of
+    MiniLM 1.4k-2.6k, docs/results.md), so a thread beside it would only take its cores."""
     return 0 if extractor.model.device.type == "cpu" else 1
 
 
