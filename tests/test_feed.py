@@ -46,7 +46,7 @@ def test_items_come_back_in_order_never_more_than_depth_ahead(depth: int) -> Non
     got = []
     for prepared in prepared_ahead(range(12), prepare, depth):
         got.append(prepared.get())
-        time.sleep(0.004)  # the caller is the slower side: the producer runs into its bound
+        time.sleep(0.01)  # the caller is the slower side: the producer runs into its bound
         taken += 1
     assert got == [i * i for i in range(12)]
     assert max(lead) == depth  # reached, never passed
