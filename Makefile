@@ -13,7 +13,7 @@ PEER_VENV  := benchmarks/work/peer-venv
 PEER_MODEL := benchmarks/work/peer-model
 
 .PHONY: install model demo test test-fast lint schemas check-wheel peers bench bench-overlap bench-object-store bench-chunking bench-scaling bench-tokens bench-gpu \
-        bench-incremental bench-scale bench-contention clean
+        bench-feed bench-incremental bench-scale bench-contention clean
 
 install: $(VENV)/.installed
 
@@ -102,8 +102,16 @@ bench-tokens: install model
 	$(PY) benchmarks/tokens.py $(TOKENS_ARGS)
 
 # On a machine with one NVIDIA GPU: make bench-gpu TORCH=torch (a CUDA build of torch).
+# At most 8 minutes; `python benchmarks/gpu.py --dry-run` checks the script on the CPU.
 bench-gpu: install
 	$(PY) benchmarks/gpu.py
+
+# Whether bertpipe's own stages keep an accelerator fed: the model replaced by an instant
+# stand-in and by simulated devices, next partition prepared ahead or not; tokens per
+# CPU-second against the tokenizer alone, the devices' busy fraction (about 5 minutes on
+# 2 cores; FEED_ARGS="--rows 1000 --reps 1" for less).
+bench-feed: install model
+	$(PY) benchmarks/feed.py $(FEED_ARGS)
 
 clean:
 	rm -rf out benchmarks/work .pytest_cache

@@ -17,6 +17,8 @@ tokens), flat in input order.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Protocol
 
 import numpy as np
@@ -44,6 +46,21 @@ class Forward(Protocol):
         ...
 
 
+@dataclass
+class EncodePlan:
+    """A partition's sequences ready for the model: where each sequence's rows go and the
+    batches, planned (and, when asked, padded) before any forward pass. Making it is CPU
+    work only, so it can be done on another thread while the model runs (see `pad`)."""
+
+    sequences: Sequence[Sequence[int]]
+    spans: list[tuple[int, int]]  # each sequence's kept positions [lo, hi) (token views)
+    starts: np.ndarray  # (M + 1,) first row of each sequence in a token view's output
+    batches: list[np.ndarray]  # sequence indices, one array per forward pass
+    # the batches' padded (ids, mask) on the host, filled by `Encoder.pad`; empty: padded
+    # one at a time as the model reaches them
+    padded: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+
+
 class Encoder:
     # on_batch(batches done, batches planned) after each forward pass: progress only
     on_batch: Callable[[int, int], None] | None = None
@@ -55,6 +72,9 @@ class Encoder:
         self.needs = needs
         self.forward = forward
         self.pad_id = int(model.tokenizer.pad_token_id or 0)
+        # why only for CUDA: page-locked host memory lets the copy to the device run
+        # asynchronously (non_blocking); on the CPU it would be a copy for nothing
+        self.to_cuda = model.device.type == "cuda"
 
     def encode(self, sequences: Sequence[Sequence[int]], batching: BatchingSpec,
                keep: Sequence[tuple[int, int]] | None = None) -> dict[str, np.ndarray]:
@@ -64,37 +84,64 @@ class Encoder:
         positions keep[i] = [lo, hi) of each sequence i, concatenated in input order
         (every position when `keep` is None).
         """
+        return self.run(self.plan(sequences, batching, keep))
+
+    def plan(self, sequences: Sequence[Sequence[int]], batching: BatchingSpec,
+             keep: Sequence[tuple[int, int]] | None = None) -> EncodePlan:
+        """The batches of `encode(sequences, batching, keep)`, nothing run yet."""
         n = len(sequences)
-        out = {v.name: np.empty((n, v.width), np.float32)
-               for v in self.views if not v.per_token}
-        token_views = [v for v in self.views if v.per_token]
         spans = list(keep) if keep is not None else [(0, len(s)) for s in sequences]
         sizes = np.fromiter((hi - lo for lo, hi in spans), np.int64, n)
         starts = np.concatenate([[0], np.cumsum(sizes)])  # (M + 1,) row of each sequence
-        out.update({v.name: np.empty((int(starts[-1]), v.width), np.float32)
-                    for v in token_views})
         lengths = [len(s) for s in sequences]
         batches = plan_batches(lengths, batching.max_tokens_per_batch, batching.max_batch_size)
-        for done, idx in enumerate(batches, 1):
-            vectors = self.encode_batch([sequences[i] for i in idx],
-                                        [spans[i] for i in idx] if token_views else None)
+        return EncodePlan(sequences, spans, starts, batches)
+
+    def pad(self, plan: EncodePlan) -> EncodePlan:
+        """Pad every batch of `plan` now, on the host (memory: the plan's padded tokens,
+        twice 8 bytes each), so that `run` only copies them to the device."""
+        plan.padded = [self._pad_host([plan.sequences[i] for i in idx]) for idx in plan.batches]
+        return plan
+
+    def run(self, plan: EncodePlan) -> dict[str, np.ndarray]:
+        """Every batch of `plan` through the model and the views (see `encode`)."""
+        n = len(plan.sequences)
+        out = {v.name: np.empty((n, v.width), np.float32)
+               for v in self.views if not v.per_token}
+        token_views = [v for v in self.views if v.per_token]
+        starts = plan.starts
+        out.update({v.name: np.empty((int(starts[-1]), v.width), np.float32)
+                    for v in token_views})
+        for done, idx in enumerate(plan.batches, 1):
+            sequences = [plan.sequences[i] for i in idx]
+            host = plan.padded[done - 1] if plan.padded else self._pad_host(sequences)
+            ids, mask = self._to_device(*host)
+            vectors = self._encode_padded(ids, mask, [len(s) for s in sequences],
+                                          [plan.spans[i] for i in idx] if token_views else None)
             for v in token_views:  # the batch's rows, sequence after sequence
                 rows = vectors.pop(v.name)
                 at = 0
                 for i in idx:
-                    out[v.name][starts[i] : starts[i + 1]] = rows[at : at + sizes[i]]
-                    at += int(sizes[i])
+                    size = int(starts[i + 1] - starts[i])
+                    out[v.name][starts[i] : starts[i + 1]] = rows[at : at + size]
+                    at += size
             for name, arr in vectors.items():
                 out[name][idx] = arr
             if self.on_batch:
-                self.on_batch(done, len(batches))
+                self.on_batch(done, len(plan.batches))
         return out
 
     def encode_batch(self, sequences: Sequence[Sequence[int]],
                      keep: Sequence[tuple[int, int]] | None = None) -> dict[str, np.ndarray]:
         """One padded batch: (B, width) per pooled view; per token view the rows
         keep[b] = [lo, hi) of each sequence, concatenated (every position when None)."""
-        ids, mask = self._pad(sequences)  # (B, T)
+        ids, mask = self._to_device(*self._pad_host(sequences))  # (B, T)
+        return self._encode_padded(ids, mask, [len(s) for s in sequences], keep)
+
+    def _encode_padded(self, ids: Tensor, mask: Tensor, lengths: Sequence[int],
+                       keep: Sequence[tuple[int, int]] | None) -> dict[str, np.ndarray]:
+        """The forward pass and every view on the model's device; only the views' outputs
+        (pooled vectors, kept token rows) come back to the host."""
         with torch.inference_mode():
             states, cls_attention = self.forward(ids, mask)  # {layer: (B, T, H)}, (B, T)
             bool_mask = mask.bool()
@@ -105,19 +152,30 @@ class Encoder:
             for v in self.views:
                 computed = v.compute(states, bool_mask, ctx)
                 if v.per_token:  # (B, T, width) -> (K, width), kept rows only
-                    rows = rows or _kept_rows(keep, [len(s) for s in sequences], ids.device)
+                    rows = rows or _kept_rows(keep, lengths, ids.device)
                     computed = computed[rows]
                 out[v.name] = computed.float().cpu().numpy()
             return out
 
-    def _pad(self, sequences: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
-        longest = max(len(s) for s in sequences)
-        ids = torch.full((len(sequences), longest), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(sequences), longest), dtype=torch.long)
-        for row, seq in enumerate(sequences):
-            ids[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
-            mask[row, : len(seq)] = 1
-        return ids.to(self.model.device), mask.to(self.model.device)
+    def _pad_host(self, sequences: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
+        """(ids, mask) (B, T) int64 on the host, right-padded to the longest sequence;
+        page-locked when the model is on a CUDA device. Built in NumPy: no torch kernel,
+        so no OpenMP team in a thread that only prepares batches."""
+        lengths = np.fromiter(map(len, sequences), np.int64, len(sequences))
+        mask = np.arange(int(lengths.max())) < lengths[:, None]  # (B, T) bool
+        ids = np.full(mask.shape, self.pad_id, np.int64)
+        # a boolean index fills row after row, each in position order: the sequences as given
+        ids[mask] = np.fromiter(chain.from_iterable(sequences), np.int64, int(lengths.sum()))
+        host = torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64))
+        if self.to_cuda:
+            return host[0].pin_memory(), host[1].pin_memory()
+        return host
+
+    def _to_device(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        # non_blocking from page-locked memory: the copy is queued on the device's stream
+        # ahead of the forward pass that reads it, and the host goes on at once
+        return (ids.to(self.model.device, non_blocking=self.to_cuda),
+                mask.to(self.model.device, non_blocking=self.to_cuda))
 
 
 def _kept_rows(keep: Sequence[tuple[int, int]] | None, lengths: Sequence[int],

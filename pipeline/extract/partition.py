@@ -14,11 +14,11 @@ import pyarrow as pa
 from ..spec import Job
 from .aggregate import aggregate_chunks
 from .chunking import ChunkedPartition, Specials, chunk_partition, content_budget
-from .encode import Encoder
+from .encode import EncodePlan, Encoder
 from .model import LoadedModel
 from .modelfiles import load_config, model_shape
 from .runtime import Runtime, load_encoder
-from .source import Partition, read_partition
+from .source import Partition, PartitionRows, read_partition
 from .texthash import text_sha256, unique_texts
 from .tokens import kept_positions, token_columns, token_counts
 from .views import ForwardNeeds, ResolvedView, forward_needs, resolve_views
@@ -58,26 +58,54 @@ class Extractor:
         """Chunk, encode and aggregate texts: the whole pipeline minus reading and writing.
         Identical texts are encoded once and the others get copies of its results (not
         with token views: their tokens level keeps one row per stored token)."""
-        per_token = {v.name for v in self.views if v.per_token}
+        return self.encode_prepared(self.prepare_texts(texts))
+
+    def prepare_texts(self, texts: list[str | None], pad: bool = False) -> PreparedTexts:
+        """Everything `encode_texts` does before the model runs (tokenize, chunk, plan the
+        batches; pad them too when `pad`): CPU work only, which another thread may do
+        while the model encodes earlier texts."""
+        per_token = any(v.per_token for v in self.views)
         distinct, inverse = (list(texts), None) if per_token else unique_texts(texts)
         chunked = chunk_partition(distinct, self.model.tokenizer, self.job.chunking,
-                                  self.budget, self.specials, keep_tokens=bool(per_token))
+                                  self.budget, self.specials, keep_tokens=per_token)
         keep = kept_positions(chunked, len(self.specials.prefix)) if per_token else None
-        vectors = self.encoder.encode(chunked.chunk_ids, self.job.batching, keep)
+        plan = self.encoder.plan(chunked.chunk_ids, self.job.batching, keep)
+        if pad:
+            self.encoder.pad(plan)
+        return PreparedTexts(len(texts), len(distinct), inverse, chunked, plan)
+
+    def encode_prepared(self, prepared: PreparedTexts) -> EncodedTexts:
+        """The model and the views on prepared texts, then chunk vectors → documents."""
+        per_token = {v.name for v in self.views if v.per_token}
+        chunked = prepared.chunked
+        vectors = self.encoder.run(prepared.plan)
         token_vectors = {name: vectors.pop(name) for name in per_token}
         chunk_tokens = chunked.chunk_n_tokens
         doc_vectors = {
-            name: aggregate_chunks(v, chunked.chunk_doc, chunk_tokens, len(distinct),
+            name: aggregate_chunks(v, chunked.chunk_doc, chunk_tokens, prepared.n_distinct,
                                    self.job.chunking.aggregate)
             for name, v in vectors.items()}
-        encoded = EncodedTexts(chunked, vectors, doc_vectors, token_vectors, len(distinct),
-                               int(chunk_tokens.sum()))
-        return encoded if inverse is None or len(distinct) == len(texts) else \
+        encoded = EncodedTexts(chunked, vectors, doc_vectors, token_vectors,
+                               prepared.n_distinct, int(chunk_tokens.sum()))
+        inverse = prepared.inverse
+        return encoded if inverse is None or prepared.n_distinct == prepared.n_texts else \
             encoded.expanded(inverse)
 
     def run(self, part: Partition) -> PartTables:
+        """Read, chunk, encode and aggregate one partition: its tables."""
+        return self.finish(self.prepare(part))
+
+    def prepare(self, part: Partition, pad: bool = False) -> PreparedPart:
+        """The partition read, its texts digested, tokenized, chunked and batched (padded
+        too when `pad`): everything before the model (see `prepare_texts`)."""
         rows = read_partition(self.job.input, part)
-        encoded = self.encode_texts(rows.texts)
+        return PreparedPart(part, rows, text_sha256(rows.texts),
+                            self.prepare_texts(rows.texts, pad))
+
+    def finish(self, prepared: PreparedPart) -> PartTables:
+        """A prepared partition through the model: its tables."""
+        part, rows = prepared.part, prepared.rows
+        encoded = self.encode_prepared(prepared.texts)
         chunked = encoded.chunked
         chunk_tokens = chunked.chunk_n_tokens
         dtype = self.job.output.dtype
@@ -92,7 +120,7 @@ class Extractor:
             "n_unk": pa.array(chunked.n_unk),
             "n_words": pa.array(chunked.n_words),
             "n_fragmented": pa.array(chunked.n_fragmented),
-            "text_sha256": pa.array(text_sha256(rows.texts), pa.string()),
+            "text_sha256": pa.array(prepared.digests, pa.string()),
             "present": pa.array(np.ones(part.n_rows, bool)),
             **{name: vector_array(v, dtype) for name, v in encoded.docs.items()},
         }
@@ -126,6 +154,27 @@ class Extractor:
         if tokens is not None:
             stats["n_stored_tokens"] = tokens.num_rows
         return PartTables(pa.table(docs), chunks, stats, tokens)
+
+
+@dataclass
+class PreparedTexts:
+    """Texts tokenized, chunked and batched, not yet encoded (`Extractor.prepare_texts`)."""
+
+    n_texts: int
+    n_distinct: int  # texts to encode; the others are copies of one of them
+    inverse: np.ndarray | None  # texts[i] = distinct[inverse[i]]; None: all encoded
+    chunked: ChunkedPartition  # of the distinct texts
+    plan: EncodePlan
+
+
+@dataclass
+class PreparedPart:
+    """A partition read and prepared for the model (`Extractor.prepare`)."""
+
+    part: Partition
+    rows: PartitionRows
+    digests: list[str]  # text_sha256 of each row
+    texts: PreparedTexts
 
 
 @dataclass

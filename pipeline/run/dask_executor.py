@@ -40,13 +40,25 @@ from .executors import (
     Failures,
     OnBatch,
     OnDone,
+    Ready,
     encode_partition,
+    encode_prepared,
     failure_reason,
+    prepare_depth,
+    prepare_partition,
     stage_partition,
 )
 
 log = logging.getLogger(__name__)
 PROGRESS_TOPIC = "bertpipe-progress"
+# What one partition's task asks of a worker's GPU. Dask holds a task's resources until
+# the task ends, seceded or not: a whole GPU per task would keep the next partition from
+# starting until this one is written, so neither the write nor the preparing could overlap
+# the encoder. A quarter lets a worker offering GPU=1 run the tasks its plugin pipelines
+# (one writing, one encoding, one prepared ahead, one waiting for a slot); the plugin's one
+# encoder thread still runs one forward pass at a time. (A power of two: the worker's
+# running sum of its free resources stays exact.)
+GPU_SHARE = 0.25
 
 
 class ExtractorPlugin(WorkerPlugin):
@@ -59,6 +71,12 @@ class ExtractorPlugin(WorkerPlugin):
     Once a partition is encoded its task secedes from the worker's pool and writes it to
     the store, so the next partition encodes while this one uploads (one write in flight
     per worker: memory stays bounded by two partitions).
+
+    Where the encoder runs on a device (executors.prepare_depth), a task secedes as soon
+    as it starts instead, and a third thread of the plugin's reads, tokenizes and batches
+    its partition while the encoder runs the previous one: the worker then holds at most
+    one partition writing, one encoding and one prepared ahead (the slots below; a task
+    waiting for a slot holds the worker's thread, so no further task starts).
     """
 
     def __init__(self, job: Job, name: str, torch_threads: int | None):
@@ -66,8 +84,12 @@ class ExtractorPlugin(WorkerPlugin):
         self.name = name
         self.torch_threads = torch_threads
         self.threads = 1
-        self.encoder: ThreadPoolExecutor | None = None  # made in setup: the plugin is pickled
+        # made in setup and on first use: the plugin is pickled
+        self.encoder: ThreadPoolExecutor | None = None
+        self.preparer: ThreadPoolExecutor | None = None
         self.writing: threading.Semaphore | None = None
+        self.slots: threading.Semaphore | None = None  # encoding + prepared ahead
+        self.depth = 0  # partitions prepared ahead of the encoder's (set with the model)
         self._extractor: Any = None
 
     def setup(self, worker: Any) -> None:
@@ -79,18 +101,20 @@ class ExtractorPlugin(WorkerPlugin):
         log.debug("worker %s: %d encoder threads (%s)", worker.name, self.threads,
                   allotment.describe())
         self.encoder = ThreadPoolExecutor(1, thread_name_prefix="bertpipe-encode")
+        self.preparer = ThreadPoolExecutor(1, thread_name_prefix="bertpipe-prepare")
         self.writing = threading.Semaphore(1)
 
     def teardown(self, worker: Any) -> None:
         self._extractor = None
-        if self.encoder is not None:
-            self.encoder.shutdown(wait=False)
+        for pool in (self.encoder, self.preparer):
+            if pool is not None:
+                pool.shutdown(wait=False)
 
     def run(self, part: Partition, store_path: str, fingerprint: str, fence: Fence | None
             ) -> dict[str, Any]:
         """{"marker": ...}, or {"setup_error": exc} when the model cannot serve the job, or
         {"error": exc} when this partition cannot be done (see the module docstring)."""
-        from distributed import get_worker, secede
+        from distributed import get_worker
 
         assert self.encoder is not None and self.writing is not None  # set in setup
         worker = get_worker()  # captured here: the encoder thread is not a task thread
@@ -100,32 +124,93 @@ class ExtractorPlugin(WorkerPlugin):
             worker.log_event(PROGRESS_TOPIC, {"index": part.index, "done": done, "total": total})
 
         try:
-            encoded = self.encoder.submit(self._encode, part, fingerprint,
-                                          publish_batches).result()
+            if self._extractor is None:  # the first task: the model, in the encoder thread
+                self.encoder.submit(self._load).result()
         except _ModelUnusable as exc:
             return {"setup_error": exc.error}
+        if self.depth:
+            return self._run_ahead(part, Staging(store_path, fence=fence), fingerprint,
+                                   publish_batches)
+        return self._run_in_turn(part, Staging(store_path, fence=fence), fingerprint,
+                                 publish_batches)
+
+    def _run_in_turn(self, part: Partition, staging: Staging, fingerprint: str,
+                     on_batch: OnBatch) -> dict[str, Any]:
+        """Read, tokenize, encode in the encoder thread; then secede and write."""
+        from distributed import secede
+
+        assert self.encoder is not None and self.writing is not None
+        try:
+            encoded = self.encoder.submit(self._encode, part, fingerprint, on_batch).result()
         except BertpipeError as exc:
             return {"error": exc}
         with self.writing:  # the previous partition's write first: one in flight
             secede()  # this task leaves the pool: the next partition starts encoding
             try:
-                return {"marker": stage_partition(Staging(store_path, fence=fence), encoded)}
+                return {"marker": stage_partition(staging, encoded)}
             except BertpipeError as exc:
                 return {"error": exc}
 
-    def _encode(self, part: Partition, fingerprint: str, on_batch: OnBatch) -> Encoded:
-        """In the encoder thread: the model (loaded by the first partition) on `part`."""
+    def _run_ahead(self, part: Partition, staging: Staging, fingerprint: str,
+                   on_batch: OnBatch) -> dict[str, Any]:
+        """Secede at once, prepare in the preparing thread (while the encoder runs the
+        previous partition), encode in the encoder thread, then write."""
+        from distributed import secede
+
+        assert self.encoder is not None and self.preparer is not None
+        assert self.writing is not None and self.slots is not None
+        self.slots.acquire()  # waits in the worker's thread: no further task starts
+        secede()  # the worker starts the next partition's task, which prepares it meanwhile
+        try:
+            try:
+                ready = self.preparer.submit(prepare_partition, self._extractor, part,
+                                             True).result()
+                encoded = self.encoder.submit(self._encode_ready, ready, fingerprint,
+                                              on_batch).result()
+            except BertpipeError as exc:
+                return {"error": exc}
+            # the previous write first, before the slot goes: an encoded partition
+            # waiting to be written still counts against the bound
+            self.writing.acquire()
+        finally:
+            self.slots.release()
+        try:
+            return {"marker": stage_partition(staging, encoded)}
+        except BertpipeError as exc:
+            return {"error": exc}
+        finally:
+            self.writing.release()
+
+    def _load(self) -> None:
+        """In the encoder thread: the model, once; and how far ahead to prepare for it."""
         import torch
 
         # Nanny workers start with OMP_NUM_THREADS=1 and OpenMP's thread count is per
         # calling thread: set it in the thread that runs the forward passes.
         torch.set_num_threads(self.threads)
-        if self._extractor is None:
-            try:
-                self._extractor = Extractor(self.job, threads=self.threads)
-            except BertpipeError as exc:
-                raise _ModelUnusable(exc) from None
+        if self._extractor is not None:
+            return
+        try:
+            extractor = Extractor(self.job, threads=self.threads)
+        except BertpipeError as exc:
+            raise _ModelUnusable(exc) from None
+        self.depth = prepare_depth(extractor)
+        self.slots = threading.Semaphore(1 + self.depth)
+        self._extractor = extractor
+
+    def _encode(self, part: Partition, fingerprint: str, on_batch: OnBatch) -> Encoded:
+        """In the encoder thread: the loaded model on `part`, read and prepared here."""
+        import torch
+
+        torch.set_num_threads(self.threads)
         return encode_partition(self._extractor, part, fingerprint, on_batch)
+
+    def _encode_ready(self, ready: Ready, fingerprint: str, on_batch: OnBatch) -> Encoded:
+        """In the encoder thread: the loaded model on a partition prepared ahead."""
+        import torch
+
+        torch.set_num_threads(self.threads)
+        return encode_prepared(self._extractor, ready, fingerprint, on_batch)
 
 
 class _ModelUnusable(Exception):
@@ -201,7 +286,7 @@ class DaskExecutor:
                     on_batch(by_index[msg["index"]], int(msg["done"]), int(msg["total"]))
 
             client.subscribe_topic(PROGRESS_TOPIC, show)
-        resources = {"GPU": 1} if _wants_gpu(client, job) else None
+        resources = {"GPU": GPU_SHARE} if _wants_gpu(client, job) else None
         futures = {
             client.submit(_partition_task, part, job.output.path, fingerprint, name, fence,
                           key=f"{name}-part-{part.index}", retries=job.execution.retries,

@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol
@@ -20,13 +21,14 @@ from typing import Protocol
 import pyarrow as pa
 
 from ..errors import BertpipeError, JobError, PartitionError
-from ..extract.partition import Extractor
+from ..extract.partition import Extractor, PreparedPart
 from ..extract.source import Partition
 from ..io.location import scrub
 from ..spec import Job
 from ..stores import Staging
 from ..stores.lock import LockLostError
 from ..stores.markers import PartitionMarker
+from .ahead import prepared_ahead
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +68,34 @@ class Encoded:
 def encode_partition(extractor: Extractor, part: Partition, fingerprint: str,
                      on_batch: OnBatch | None = None) -> Encoded:
     """Read, chunk, encode and pool one partition (nothing written)."""
+    return encode_prepared(extractor, prepare_partition(extractor, part), fingerprint,
+                           on_batch)
+
+
+@dataclass
+class Ready:
+    """A partition prepared for the encoder, and the seconds that took."""
+
+    prepared: PreparedPart
+    seconds: float
+
+
+def prepare_partition(extractor: Extractor, part: Partition, pad: bool = False) -> Ready:
+    """Read, tokenize, chunk and batch one partition (padded too when `pad`): the CPU work
+    before the model, which may run on another thread (see `ahead`)."""
     start = time.perf_counter()
+    prepared = extractor.prepare(part, pad)
+    return Ready(prepared, time.perf_counter() - start)
+
+
+def encode_prepared(extractor: Extractor, ready: Ready, fingerprint: str,
+                    on_batch: OnBatch | None = None) -> Encoded:
+    """Encode and pool a prepared partition (nothing written)."""
+    start = time.perf_counter()
+    part = ready.prepared.part
     extractor.encoder.on_batch = (lambda done, total: on_batch(part, done, total)) \
         if on_batch else None
-    tables = extractor.run(part)
+    tables = extractor.finish(ready.prepared)
     stats = tables.stats
     marker = PartitionMarker(
         index=part.index, fingerprint=fingerprint, rows=(part.row_start, part.row_stop),
@@ -77,7 +103,8 @@ def encode_partition(extractor: Extractor, part: Partition, fingerprint: str,
         n_covered=stats["n_covered"], n_encoded=stats["n_encoded"], n_unique=stats["n_unique"],
         n_stored_tokens=stats.get("n_stored_tokens", 0), device=str(extractor.model.device),
         dtype=extractor.runtime.dtype, runtime=extractor.runtime.name,
-        seconds=time.perf_counter() - start)
+        # the partition's own work, preparing included wherever it ran
+        seconds=ready.seconds + time.perf_counter() - start)
     return Encoded(part, {"docs": tables.docs, "chunks": tables.chunks,
                                   "tokens": tables.tokens}, marker)
 
@@ -100,11 +127,17 @@ def failure_reason(exc: BaseException) -> BertpipeError:
 class InProcessExecutor:
     """Everything in this process, one partition after another (`scheduler: synchronous`);
     a partition is written to the store by a second thread while the next one encodes
-    (one write in flight: memory stays bounded by two partitions)."""
+    (one write in flight), and, where the encoder runs on a device, the partition after it
+    is read, tokenized and batched by a third (`prepare_depth`). Memory stays bounded by
+    the partitions in those three stages."""
 
-    def __init__(self, extractor: Extractor | None = None, on_batch: OnBatch | None = None):
+    def __init__(self, extractor: Extractor | None = None, on_batch: OnBatch | None = None,
+                 ahead: int | None = None):
+        """`ahead`: partitions to prepare ahead of the encoder (0: none); None lets
+        `prepare_depth` decide from the encoder's device and threads."""
         self.extractor = extractor
         self.on_batch = on_batch
+        self.ahead = ahead
 
     def __enter__(self) -> InProcessExecutor:
         return self
@@ -134,10 +167,17 @@ class InProcessExecutor:
                 return
             on_done(part, marker)
 
-        with ThreadPoolExecutor(1, thread_name_prefix="bertpipe-write") as writer:
-            for part in parts:
+        depth = self.ahead if self.ahead is not None else prepare_depth(extractor)
+        # padded ahead too when prepared ahead: the encoder's thread only copies and runs
+        prepared = prepared_ahead(parts, lambda p: prepare_partition(extractor, p, depth > 0),
+                                  depth)
+        with ThreadPoolExecutor(1, thread_name_prefix="bertpipe-write") as writer, \
+                closing(prepared):
+            for ready in prepared:
+                part = ready.item
                 try:
-                    encoded = encode_partition(extractor, part, fingerprint, self.on_batch)
+                    encoded = encode_prepared(extractor, ready.get(), fingerprint,
+                                              self.on_batch)
                 except Exception as exc:  # noqa: BLE001 - reported per partition
                     failures.append((part, failure_reason(exc)))
                     continue
@@ -145,6 +185,17 @@ class InProcessExecutor:
                 writing = (part, writer.submit(stage_partition, staging, encoded))
             finish()
         return failures
+
+
+def prepare_depth(extractor: Extractor) -> int:
+    """Partitions to prepare ahead of the encoder: one where it runs on a device (its
+    thread mostly waits for the device, so the CPU is free to tokenize the next one; on a
+    1-thread allotment too, where the preparing thread shares that CPU with a thread that
+    mostly waits: `make bench-feed` measures both). None on the CPU: there the encoder
+    uses every thread it was allotted (extract/threads.py), and preparing is under 1% of
+    its work (the fast tokenizer does ~300k tokens per CPU-second, a CPU encoder of
+    MiniLM 1.4k-2.6k, docs/results.md), so a thread beside it would only take its cores."""
+    return 0 if extractor.model.device.type == "cpu" else 1
 
 
 def executor_for(job: Job, say: Callable[[str], None] = log.info,
