@@ -36,11 +36,16 @@ demo: install model
 	$(BIN)/bertpipe inspect out/reviews.zarr
 	$(PY) -c "import pipeline; s = pipeline.open_store('out/reviews.zarr'); print(s.docs)"
 
+# Two pytest workers (the machines this is built for have two cores); a test file stays on one
+# worker, so its module fixtures (stores made once, clusters) are made once
+TEST_WORKERS ?= 2
+PYTEST := $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 test: install
-	$(BIN)/pytest -q
+	$(PYTEST)
 
 test-fast: install
-	$(BIN)/pytest -q -m "not slow and not cluster and not table"
+	$(PYTEST) -m "not slow and not cluster and not table"
 
 # ruff, mypy, and the layer contract in pyproject.toml ([tool.importlinter])
 lint: install

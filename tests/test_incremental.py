@@ -43,6 +43,10 @@ from pipeline.stores.verify import verify_store
 from tests.conftest import REPO, REVIEWS, job_dict, plain_docs, write_job
 
 FORMATS = ["parquet", "icechunk", "delta"]  # the formats a store grows in (zarr: once)
+# make test-fast runs each scenario on the first (the cheapest); make test on every one (the
+# versioned formats' own fast tests are in tests/test_icechunk.py and tests/test_delta.py)
+EACH_FORMAT = [pytest.param(fmt, marks=[pytest.mark.slow] if fmt != FORMATS[0] else [])
+               for fmt in FORMATS]
 BASE_ROWS, NEW_ROWS, EDITED, DELETED = 400, 150, 20, 10
 EDITED_AT = list(range(3, 400, 20))  # 20 positions of the base table
 DELETED_AT = list(range(11, 400, 40))  # 10 other positions
@@ -137,6 +141,19 @@ def torch_one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+class PerFormat(dict):  # type: ignore[type-arg]
+    """A store per format, made when a test first asks for it (a run of `make test-fast`
+    asks for one format only)."""
+
+    def __init__(self, make: Any) -> None:
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, fmt: str) -> Any:
+        self[fmt] = made = self.make(fmt)
+        return made
+
+
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path,
             torch_one_thread: None) -> dict[str, Path]:
@@ -144,28 +161,30 @@ def scratch(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path,
     root = tmp_path_factory.mktemp("scratch")
     source = root / "updated.parquet"
     pq.write_table(_updated(), source)
-    stores = {}
-    for fmt in FORMATS:
+
+    def make(fmt: str) -> Path:
         job = _job(tiny_bert, source, root / f"scratch.{fmt}", fmt)
         run_job(job)
-        stores[fmt] = Path(job.output.path)
-    return stores
+        return Path(job.output.path)
+
+    return PerFormat(make)
 
 
 @pytest.fixture(scope="module")
 def base_stores(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path,
                 torch_one_thread: None) -> dict[str, Job]:
     """A full run over the first 400 reviews, one store per format (tests update copies)."""
-    stores = {}
-    for fmt in FORMATS:
+
+    def make(fmt: str) -> Job:
         root = tmp_path_factory.mktemp(f"base-{fmt}")
         source = root / "reviews.parquet"
         pq.write_table(_base(), source)
         job = _job(tiny_bert, source, root / f"store.{fmt}", fmt)
         summary = run_job(job)
         assert summary.rows == BASE_ROWS and summary.encoded == BASE_ROWS
-        stores[fmt] = job
-    return stores
+        return job
+
+    return PerFormat(make)
 
 
 def _base_store(tmp_path: Path, base_stores: dict[str, Job], fmt: str) -> Job:
@@ -178,7 +197,7 @@ def _base_store(tmp_path: Path, base_stores: dict[str, Job], fmt: str) -> Job:
     return _job(Path(base.model.path), source, tmp_path / f"store.{fmt}", fmt)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EACH_FORMAT)
 def test_update_encodes_only_new_and_changed_rows(fmt: str, tmp_path: Path,
                                                   base_stores: dict[str, Job],
                                                   scratch: dict[str, Path]) -> None:
@@ -225,7 +244,7 @@ def test_update_encodes_only_new_and_changed_rows(fmt: str, tmp_path: Path,
         run_job(job)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EACH_FORMAT)
 def test_prune_removes_gone_rows(fmt: str, tmp_path: Path, base_stores: dict[str, Job],
                                  scratch: dict[str, Path]) -> None:
     job = _base_store(tmp_path, base_stores, fmt)
@@ -269,7 +288,7 @@ def _assert_snapshot(path: str, before: dict[str, Any]) -> None:
         np.testing.assert_array_equal(now[key], before[key])
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EACH_FORMAT)
 def test_killed_update_leaves_the_previous_version_then_resumes(
         fmt: str, tmp_path: Path, base_stores: dict[str, Job],
         scratch: dict[str, Path]) -> None:
@@ -284,7 +303,7 @@ def test_killed_update_leaves_the_previous_version_then_resumes(
                      ["mean", "cls"])
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EACH_FORMAT)
 def test_failed_partition_and_failed_switch_leave_the_previous_version(
         fmt: str, tmp_path: Path, base_stores: dict[str, Job], scratch: dict[str, Path],
         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -362,7 +381,7 @@ def test_parquet_switch_killed_between_its_renames_is_finished_by_the_next_run(
     assert verify_store(job.output.path) == []
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EACH_FORMAT)
 def test_readers_see_one_version(fmt: str, tmp_path: Path,
                                  base_stores: dict[str, Job]) -> None:
     """Opened during the update: the previous version, also when read after the switch.
@@ -547,7 +566,7 @@ def test_the_fall_back_to_a_full_run_hashes_the_weights_once(
     assert sorted(Path(p).name for p in hashed) == weights  # each weight file once
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EACH_FORMAT)
 def test_identical_texts_are_encoded_once(fmt: str, tmp_path: Path, tiny_bert: Path) -> None:
     """Within a partition and against the store: duplicates take copies of one encoding."""
     texts = ["the drug worked", "bad side effects", "the drug worked", None, "",
@@ -583,7 +602,7 @@ def test_identical_texts_are_encoded_once(fmt: str, tmp_path: Path, tiny_bert: P
         int(np.asarray(store.docs["n_chunks"].values)[7])
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EACH_FORMAT)
 def test_post_processed_views_keep_their_fit(fmt: str, tmp_path: Path, tiny_bert: Path) -> None:
     """New rows are transformed with the parameters fitted on the first run, so the values
     of rows already in the store never move."""
@@ -702,7 +721,7 @@ def test_sigkill_during_update(tmp_path: Path, base_stores: dict[str, Job],
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EACH_FORMAT)
 def test_update_with_the_real_model(fmt: str, tmp_path: Path, minilm: Path) -> None:
     """all-MiniLM-L6-v2 on the sample reviews, the issue's scenario: 400 rows, then 150
     new, 20 edited, 10 deleted: exactly 170 encoded (summary and history), the store equals
@@ -757,7 +776,7 @@ def test_update_on_a_local_dask_cluster(tmp_path: Path, tiny_bert: Path) -> None
                      ["mean", "cls"])
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EACH_FORMAT)
 def test_carried_columns_with_nulls_and_documents_only(fmt: str, tmp_path: Path,
                                                        tiny_bert: Path) -> None:
     """Carried values come from the input for every present row and from the store for a
@@ -817,7 +836,7 @@ def _damage(file: Path, at: int) -> None:
     file.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", EACH_FORMAT)
 def test_verify_after_an_update_and_a_damaged_chunk_of_the_new_version(
         fmt: str, tmp_path: Path, base_stores: dict[str, Job]) -> None:
     """An updated store carries the checksums of its new version's files, as a store run
