@@ -304,6 +304,34 @@ def test_killed_update_leaves_the_previous_version_then_resumes(
 
 
 @pytest.mark.parametrize("fmt", EACH_FORMAT)
+def test_a_staged_part_altered_before_the_resume_is_encoded_again(
+        fmt: str, tmp_path: Path, base_stores: dict[str, Job],
+        scratch: dict[str, Path]) -> None:
+    """A part the killed update staged, altered (same size, other bytes): the resume's one
+    read of it fails, the update stops with exit 6 (the store still at its version, the
+    part's marker removed), and the next rerun encodes that partition again."""
+    from pipeline.stores.staging import Staging
+
+    job = _base_store(tmp_path, base_stores, fmt)
+    before = _snapshot(job.output.path)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(job, executor=DiesAfter(1), incremental=True)
+    staging = Staging(job.output.path)
+    part = staging.part_path(0, "docs")
+    data = bytearray(part.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    part.write_bytes(bytes(data))
+    with pytest.raises(PartitionError, match="staged partition 0 changed after it was written"):
+        run_job(job, incremental=True)
+    _assert_snapshot(job.output.path, before)
+    assert not staging.marker(0).exists()
+    summary = run_job(job, incremental=True)
+    assert summary.run == 1 and summary.encoded == 170  # the other partitions are kept
+    assert_same_rows(pipeline.open_store(job.output.path), pipeline.open_store(scratch[fmt]),
+                     ["mean", "cls"])
+
+
+@pytest.mark.parametrize("fmt", EACH_FORMAT)
 def test_failed_partition_and_failed_switch_leave_the_previous_version(
         fmt: str, tmp_path: Path, base_stores: dict[str, Job], scratch: dict[str, Path],
         monkeypatch: pytest.MonkeyPatch) -> None:
