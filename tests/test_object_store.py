@@ -929,14 +929,14 @@ def test_a_partition_is_written_while_the_next_one_encodes(
     from pipeline.stores.staging import Staging
 
     spans: dict[str, list[tuple[int, float, float]]] = {"encode": [], "write": []}
-    original_run, original_write = Extractor.run, Staging.write_part
+    original_finish, original_write = Extractor.finish, Staging.write_part
 
-    def timed_run(self: Any, part: Any) -> Any:
+    def timed_encode(self: Any, prepared: Any) -> Any:  # the model's part of a partition
         start = time.monotonic()
         try:
-            return original_run(self, part)
+            return original_finish(self, prepared)
         finally:
-            spans["encode"].append((part.index, start, time.monotonic()))
+            spans["encode"].append((prepared.part.index, start, time.monotonic()))
 
     def slow_write(self: Any, marker: Any, tables: Any) -> Any:
         start = time.monotonic()
@@ -946,7 +946,7 @@ def test_a_partition_is_written_while_the_next_one_encodes(
         finally:
             spans["write"].append((marker.index, start, time.monotonic()))
 
-    monkeypatch.setattr(Extractor, "run", timed_run)
+    monkeypatch.setattr(Extractor, "finish", timed_encode)
     monkeypatch.setattr(Staging, "write_part", slow_write)
     job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr",
                    execution={"scheduler": scheduler, "workers": 1, "partition_rows": 2})
