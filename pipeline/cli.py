@@ -420,8 +420,9 @@ def _inspect(store_path: str, geometry: bool, sample: int, other_path: str | Non
     from .analysis.vocabulary import describe_vocabulary, vocabulary_fit
     from .api import open_store
 
-    store = open_store(store_path)
-    other = open_store(other_path) if other_path else None
+    # whole columns read once: xarray's own lazy reads, without importing dask.array
+    store = open_store(store_path, dask=False)
+    other = open_store(other_path, dask=False) if other_path else None
     fits = [vocabulary_fit(s) for s in (store, other) if s is not None]
     if as_json:
         facts = {**store_facts(store), "vocabulary": fits}

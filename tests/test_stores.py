@@ -231,6 +231,36 @@ def test_a_staged_part_altered_before_the_resume_is_encoded_again(
                                       pipeline.open_store(clean.output.path).vectors(view))
 
 
+@pytest.mark.parametrize("fmt", ["zarr", "icechunk"])
+def test_open_without_dask_reads_the_same_values(fmt: str, tmp_path: Path,
+                                                tiny_bert: Path) -> None:
+    """`open_store(path, dask=False)`: no dask arrays, and every variable of every level
+    (strings with their nulls, vectors, slices) equal to the dask-backed open."""
+    import dask.array as da
+
+    source = write_table(tmp_path / "in.parquet", {
+        "id": [f"r{i}" for i in range(6)],
+        "text": ["good drug", "", "bad side effects for a week and then some more", None,
+                 "it worked", "no sleep"],
+        "label": ["pos", None, "neg", "neg", None, "pos"]})
+    job = _job(tmp_path, tiny_bert, source, fmt, chunking={"strategy": "hierarchical",
+                                                          "max_tokens": 8})
+    run_job(job)
+    lazy = pipeline.open_store(job.output.path)
+    plain = pipeline.open_store(job.output.path, dask=False)
+    assert plain.chunks is not None and lazy.chunks is not None
+    for got, want in ((plain.docs, lazy.docs), (plain.chunks, lazy.chunks)):
+        assert sorted(got.variables) == sorted(want.variables)
+        for name in want.variables:
+            assert not isinstance(got[name].variable._data, da.Array), name
+            a, b = np.asarray(got[name].values), np.asarray(want[name].values)
+            assert a.dtype == b.dtype, name
+            np.testing.assert_array_equal(a, b, err_msg=str(name))
+    assert None in plain.docs["label"].values.tolist()  # a null carried value stays None
+    np.testing.assert_array_equal(plain.docs["mean"][2:5, :3].values,
+                                  lazy.docs["mean"][2:5, :3].values)
+
+
 def test_partitions_follow_row_groups_and_files(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()

@@ -258,11 +258,13 @@ class StoreFormat(ABC):
         """Rows of every stored array (Zarr) or file (Parquet): name -> (level, rows)."""
 
     @abstractmethod
-    def open_datasets(self) -> tuple[xr.Dataset, xr.Dataset | None]:
-        """The current version's docs and chunks levels, lazily."""
+    def open_datasets(self, dask: bool = True) -> tuple[xr.Dataset, xr.Dataset | None]:
+        """The current version's docs and chunks levels, lazily: as dask arrays, or with
+        `dask=False` read by xarray's own lazy indexing where the format can (for a command
+        that reads a few whole columns once and need not import dask.array)."""
 
     @abstractmethod
-    def open_tokens(self) -> xr.Dataset | None: ...
+    def open_tokens(self, dask: bool = True) -> xr.Dataset | None: ...
 
     @abstractmethod
     def add_view(self, source: str, name: str, fn: Callable[[np.ndarray], np.ndarray],

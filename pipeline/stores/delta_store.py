@@ -598,7 +598,8 @@ class DeltaFormat(ParquetFormat):
             data = data.isel({LEVEL_DIMS[level]: rank})
         return data
 
-    def open_datasets(self) -> tuple[xr.Dataset, xr.Dataset | None]:
+    def open_datasets(self, dask: bool = True) -> tuple[xr.Dataset, xr.Dataset | None]:
+        # dask either way: a block per row group is how a Parquet file is read lazily
         docs = self._dataset("docs")
         if docs is None:
             raise StoreError(f"{self.path}: no docs table")
@@ -610,7 +611,7 @@ class DeltaFormat(ParquetFormat):
             chunks["doc"] = (("chunk",), np.searchsorted(rows, np.asarray(chunks["doc"].values)))
         return docs, chunks
 
-    def open_tokens(self) -> xr.Dataset | None:
+    def open_tokens(self, dask: bool = True) -> xr.Dataset | None:
         return self._dataset("tokens")
 
     # ---- versions --------------------------------------------------------------------

@@ -74,7 +74,7 @@ class StoreData:
 
 def open_store_data(path: str | Path, require_complete: bool = True,
                     storage_options: dict[str, Any] | None = None,
-                    version: int | None = None) -> StoreData:
+                    version: int | None = None, dask: bool = True) -> StoreData:
     """Open a bertpipe store lazily; incomplete ones are refused. `path` may be an fsspec
     URL (`s3://bucket/out/reviews.zarr`); `storage_options` go over what the environment
     gives (a string `${NAME}` is read from the environment). `version`: an earlier version
@@ -83,10 +83,11 @@ def open_store_data(path: str | Path, require_complete: bool = True,
     if storage_options is not None:
         register_options(path, storage_options)
     with storage_errors(path, "store", StoreError):
-        return _open(path, require_complete, version)
+        return _open(path, require_complete, version, dask)
 
 
-def _open(path: str, require_complete: bool, version: int | None = None) -> StoreData:
+def _open(path: str, require_complete: bool, version: int | None = None,
+          dask: bool = True) -> StoreData:
     location = resolve(path)
     path = path if location.local else location.url
     if not location.exists():
@@ -104,8 +105,8 @@ def _open(path: str, require_complete: bool, version: int | None = None) -> Stor
     for attempt in range(SWITCH_RETRIES + 1):
         try:
             check_sizes(fmt)
-            docs, chunks = fmt.open_datasets()
-            tokens = fmt.open_tokens()
+            docs, chunks = fmt.open_datasets(dask)
+            tokens = fmt.open_tokens(dask)
         except StoreError:
             # an update switching versions (Parquet: two renames) shows files of two
             # versions for a moment: read the provenance again and retry

@@ -34,8 +34,6 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-import dask
-import dask.array as da
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -207,6 +205,9 @@ def _with_column(file: Location, source: str, name: str,
 def _parts_dataset(files: Sequence[Location], dim: str) -> xr.Dataset:
     """Every column of a folder of part files as dask arrays, one block per row group,
     the files concatenated in the given order."""
+    import dask  # why here: opening a Zarr store (which needs no dask) imports this module
+    import dask.array as da
+
     blocks: dict[str, list[da.Array]] = {}
     empty: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
     for file in files:
@@ -389,14 +390,15 @@ class ParquetFormat(StoreFormat):
         return {name: (name.split("/")[0], _open(root.child(name)).metadata.num_rows)
                 for name in LEVEL_FILES if root.child(name).is_file()}
 
-    def open_datasets(self) -> tuple[xr.Dataset, xr.Dataset | None]:
+    def open_datasets(self, dask: bool = True) -> tuple[xr.Dataset, xr.Dataset | None]:
+        # dask either way: a block per row group is how a Parquet file is read lazily
         docs = _dataset(level_file(self.location, "docs"), "doc")
         docs = docs.set_coords("id")
         chunks_file = level_file(self.location, "chunks")
         chunks = _dataset(chunks_file, "chunk") if chunks_file.exists() else None
         return docs, chunks
 
-    def open_tokens(self) -> xr.Dataset | None:
+    def open_tokens(self, dask: bool = True) -> xr.Dataset | None:
         parts = self.location.child(TOKENS_DIR).glob("part-*.parquet")
         return _parts_dataset(parts, "piece") if parts else None
 

@@ -32,12 +32,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import dask.array as da
 import numpy as np
 import pyarrow as pa
 import xarray as xr
 import zarr
 import zarr.codecs
+from xarray.backends import BackendArray
+from xarray.core import indexing
 from zarr.abc.store import Store
 from zarr.storage import FsspecStore, LocalStore
 
@@ -176,7 +177,8 @@ def column_values(columns: StoredColumns, name: str, column: pa.ChunkedArray) ->
     return columns.zarr_values(name, column)
 
 
-def _dataset(group: Any, coords: dict[str, Any], label: str) -> xr.Dataset:
+def _dataset(group: Any, coords: dict[str, Any], label: str, dask: bool = True
+             ) -> xr.Dataset:
     variables: dict[str, Any] = {}
     for name, array in group.arrays():
         dims = tuple(array.metadata.dimension_names)
@@ -185,21 +187,45 @@ def _dataset(group: Any, coords: dict[str, Any], label: str) -> xr.Dataset:
             variables[name] = (dims, strings_as_objects(values, array.attrs.get(
                 MISSING_ATTRIBUTE)) if values.dtype.kind in "OTU" else values)
         else:
-            variables[name] = (dims, _lazy(array, f"{label}/{name}"))
+            variables[name] = (dims, _lazy(array, f"{label}/{name}", dask))
     return xr.Dataset(variables, coords=coords)
 
 
-def _lazy(array: Any, label: str) -> da.Array:
-    """A Zarr array as dask, its reads guarded; strings as objects with None for nulls (as
-    Parquet reads). A dask block spans whole Zarr chunks, ROWS_PER_CHUNK rows or more
-    (an Icechunk store's small chunks would otherwise make one task each)."""
+def _lazy(array: Any, label: str, dask: bool = True) -> Any:
+    """A Zarr array read lazily, its reads guarded; strings as objects with None for nulls
+    (as Parquet reads). As dask, a block spans whole Zarr chunks, ROWS_PER_CHUNK rows or
+    more (an Icechunk store's small chunks would otherwise make one task each); else
+    indexed lazily by xarray itself."""
+    missing = array.attrs.get(MISSING_ATTRIBUTE)
+    if not dask:
+        return indexing.LazilyIndexedArray(_IndexedArray(_Guarded(array, label), missing))
+    import dask.array as da  # why here: a reader that asks for no dask does not import it
+
     rows = array.chunks[0] if array.ndim else 1
     blocks = (rows * max(1, ROWS_PER_CHUNK // max(rows, 1)), *array.chunks[1:])
     data = da.from_array(_Guarded(array, label), chunks=blocks, name=False)
     if data.dtype.kind not in "OTU":
         return data
-    missing = array.attrs.get(MISSING_ATTRIBUTE)
     return data.map_blocks(strings_as_objects, missing=missing, dtype=object)
+
+
+class _IndexedArray(BackendArray):
+    """A guarded Zarr array as xarray's lazy indexing reads it (basic indexing; strings as
+    objects with None for nulls)."""
+
+    def __init__(self, guarded: _Guarded, missing: str | None):
+        self.guarded, self.missing = guarded, missing
+        self.strings = guarded.dtype.kind in "OTU"
+        self.shape = guarded.shape
+        self.dtype = np.dtype(object) if self.strings else guarded.dtype
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        return indexing.explicit_indexing_adapter(key, self.shape,
+                                                  indexing.IndexingSupport.BASIC, self._read)
+
+    def _read(self, key: Any) -> np.ndarray:
+        block = self.guarded[key]
+        return strings_as_objects(block, self.missing) if self.strings else block
 
 
 def describe_arrays(root: Any, provenance: dict[str, Any]) -> None:
@@ -421,23 +447,25 @@ class ZarrFormat(StoreFormat):
 
     # ---- reading ---------------------------------------------------------------------
 
-    def open_datasets(self) -> tuple[xr.Dataset, xr.Dataset | None]:
+    def open_datasets(self, dask: bool = True) -> tuple[xr.Dataset, xr.Dataset | None]:
         root = self._group()
-        docs = _dataset(root["docs"], {}, f"{self.path}: docs")
+        docs = _dataset(root["docs"], {}, f"{self.path}: docs", dask)
         if "ids" in root:  # stores written before the ids moved into docs/
-            docs = docs.assign_coords(id=("doc", _lazy(root["ids"], f"{self.path}: ids")))
+            docs = docs.assign_coords(id=("doc", _lazy(root["ids"], f"{self.path}: ids",
+                                                       dask)))
         if "id" in docs.dims:  # on disk the ids are the dimension; in the package it is `doc`
             docs = docs.rename_dims(id="doc")
         docs = docs.set_coords("id")
         # views being written by postprocess live under a temporary dot-name until done
         docs = docs.drop_vars([v for v in docs.data_vars if str(v).startswith(".")])
-        chunks = _dataset(root["chunks"], {}, f"{self.path}: chunks") \
+        chunks = _dataset(root["chunks"], {}, f"{self.path}: chunks", dask) \
             if "chunks" in root else None
         return docs, chunks
 
-    def open_tokens(self) -> xr.Dataset | None:
+    def open_tokens(self, dask: bool = True) -> xr.Dataset | None:
         root = self._group()
-        return _dataset(root["tokens"], {}, f"{self.path}: tokens") if "tokens" in root else None
+        return _dataset(root["tokens"], {}, f"{self.path}: tokens", dask) \
+            if "tokens" in root else None
 
     def read_params(self, name: str) -> dict[str, np.ndarray]:
         group = self._group()["post"][name]
