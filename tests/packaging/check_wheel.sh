@@ -57,7 +57,7 @@ PY
 BERTPIPE="$WORK/venv/bin/bertpipe"
 SET=(--set "model.path=$MODEL" --set execution.scheduler=synchronous)
 "$BERTPIPE" validate jobs/reviews.yaml --set "model.path=$MODEL"
-for format in zarr parquet icechunk; do
+for format in zarr parquet icechunk delta; do
     store="out/reviews.$format"
     "$BERTPIPE" extract jobs/reviews.yaml "${SET[@]}" --set "output.format=$format" \
         --set "output.path=$store"
@@ -70,4 +70,4 @@ import pipeline
 store = pipeline.open_store('out/reviews.zarr')
 assert store.vectors('mean').shape == ($ROWS, 384), store.vectors('mean').shape
 "
-step "OK: the wheel validates, extracts $ROWS rows into zarr, parquet and icechunk, verifies, inspects"
+step "OK: the wheel validates, extracts $ROWS rows into zarr, parquet, icechunk and delta, verifies, inspects"
