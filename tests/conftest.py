@@ -419,3 +419,19 @@ def s3_endpoint() -> Iterator[str]:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
+
+
+def whitened_in_place(source: Path, model: Path, root: Path, fmt: str, reference: str
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """A view whitened in place to fewer dimensions (`post:` narrows it) in store format
+    `fmt` and in `reference`, the same job: both views, as read back."""
+    from pipeline.run.runner import run_job
+    from pipeline.spec import Job
+
+    views = {"mean": {"pooling": "mean", "post": {"method": "whiten", "dims": 8}}}
+    got = {}
+    for name in (fmt, reference):
+        raw = job_dict(source, model, root / f"w.{name}", views=views, output={"format": name})
+        run_job(Job.from_dict(raw))
+        got[name] = pipeline.open_store(root / f"w.{name}").vectors("mean")
+    return got[fmt], got[reference]

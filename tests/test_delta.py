@@ -28,7 +28,7 @@ from pipeline.spec import Job
 from pipeline.stores import delta_store, detect_format
 from pipeline.stores.delta_store import DeltaFormat
 from pipeline.stores.verify import verify_store
-from tests.conftest import REVIEWS, job_dict
+from tests.conftest import REVIEWS, job_dict, whitened_in_place
 
 
 def _texts(n: int) -> list[str]:
@@ -268,14 +268,7 @@ def test_float16_vectors_read_back_as_float16(tmp_path: Path, tiny_bert: Path) -
 
 def test_a_view_whitened_in_place_to_fewer_dimensions(tmp_path: Path, tiny_bert: Path) -> None:
     source = _input(tmp_path / "in.parquet", _texts(30))
-    views = {"mean": {"pooling": "mean", "post": {"method": "whiten", "dims": 8}}}
-    stores = {}
-    for fmt in ("delta", "parquet"):
-        raw = job_dict(source, tiny_bert, tmp_path / f"w.{fmt}", views=views,
-                       output={"format": fmt})
-        run_job(Job.from_dict(raw))
-        stores[fmt] = pipeline.open_store(tmp_path / f"w.{fmt}")
-    got, want = stores["delta"].vectors("mean"), stores["parquet"].vectors("mean")
+    got, want = whitened_in_place(source, tiny_bert, tmp_path, "delta", "parquet")
     assert got.shape == want.shape == (30, 8)
     np.testing.assert_array_equal(got, want)
     assert verify_store(str(tmp_path / "w.delta")) == []

@@ -25,7 +25,7 @@ from pipeline.run.runner import run_job
 from pipeline.spec import Job
 from pipeline.stores import detect_format, icechunk_store
 from pipeline.stores.verify import verify_store
-from tests.conftest import REVIEWS, job_dict, plain_docs
+from tests.conftest import REVIEWS, job_dict, plain_docs, whitened_in_place
 
 
 def _texts(n: int) -> list[str]:
@@ -234,14 +234,7 @@ def test_a_view_whitened_in_place_to_fewer_dimensions(tmp_path: Path, tiny_bert:
     """`post:` on a view replaces it in place, here with a narrower one: the same values as
     the Zarr format's store (which moves a temporary array into place)."""
     source = _input(tmp_path / "in.parquet", _texts(30))
-    views = {"mean": {"pooling": "mean", "post": {"method": "whiten", "dims": 8}}}
-    stores = {}
-    for fmt in ("icechunk", "zarr"):
-        raw = job_dict(source, tiny_bert, tmp_path / f"w.{fmt}", views=views,
-                       output={"format": fmt})
-        run_job(Job.from_dict(raw))
-        stores[fmt] = pipeline.open_store(tmp_path / f"w.{fmt}")
-    got, want = stores["icechunk"].vectors("mean"), stores["zarr"].vectors("mean")
+    got, want = whitened_in_place(source, tiny_bert, tmp_path, "icechunk", "zarr")
     assert got.shape == want.shape == (30, 8)
     np.testing.assert_array_equal(got, want)
     assert verify_store(str(tmp_path / "w.icechunk")) == []

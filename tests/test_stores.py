@@ -143,24 +143,8 @@ def test_incomplete_store_does_not_open_and_resumes(fmt: str, tmp_path: Path, ti
                                                     small_texts: Path) -> None:
     """A run that dies after one partition leaves a store that is refused, then resumed."""
     job = _job(tmp_path, tiny_bert, small_texts, fmt)
-    from pipeline.run import runner
-
-    class DiesAfterFirst(runner.InProcessExecutor):
-        def run(self, job, parts, staging, fingerprint, on_done):  # type: ignore[no-untyped-def]
-            super().run(job, parts[:1], staging, fingerprint, on_done)
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        run_job(job, executor=DiesAfterFirst())
-    with pytest.raises(StoreError, match="incomplete"):
-        pipeline.open_store(job.output.path)
-    summary = run_job(job)
-    assert summary.skipped == 1 and summary.run == 1
-    clean = _job(tmp_path / "clean", tiny_bert, small_texts, fmt)
-    run_job(clean)
-    for view in ("mean", "cls", "cat"):
-        np.testing.assert_array_equal(pipeline.open_store(job.output.path).vectors(view),
-                                      pipeline.open_store(clean.output.path).vectors(view))
+    _killed_after(job, 1)
+    _assert_refused_then_resumed(job, tmp_path, tiny_bert, small_texts, fmt)
 
 
 def _killed_after(job: Job, first: int) -> None:
@@ -174,6 +158,21 @@ def _killed_after(job: Job, first: int) -> None:
 
     with pytest.raises(KeyboardInterrupt):
         run_job(job, executor=Dies())
+
+
+def _assert_refused_then_resumed(job: Job, tmp_path: Path, model: Path, source: Path,
+                                 fmt: str) -> None:
+    """The unfinished store at `job`'s path opens as incomplete; the rerun encodes one
+    partition, keeps the other, and gives the store a clean run gives."""
+    with pytest.raises(StoreError, match="incomplete"):
+        pipeline.open_store(job.output.path)
+    summary = run_job(job)
+    assert summary.skipped == 1 and summary.run == 1
+    clean = _job(tmp_path / "clean", model, source, fmt)
+    run_job(clean)
+    for view in ("mean", "cls", "cat"):
+        np.testing.assert_array_equal(pipeline.open_store(job.output.path).vectors(view),
+                                      pipeline.open_store(clean.output.path).vectors(view))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -220,15 +219,7 @@ def test_a_staged_part_altered_before_the_resume_is_encoded_again(
     with pytest.raises(PartitionError, match=r"staged partition 0 changed after it was written"):
         run_job(job)
     assert not staging.marker(0).exists() and staging.marker(1).exists()
-    with pytest.raises(StoreError, match="incomplete"):
-        pipeline.open_store(job.output.path)
-    summary = run_job(job)
-    assert summary.skipped == 1 and summary.run == 1
-    clean = _job(tmp_path / "clean", tiny_bert, small_texts, fmt)
-    run_job(clean)
-    for view in ("mean", "cls", "cat"):
-        np.testing.assert_array_equal(pipeline.open_store(job.output.path).vectors(view),
-                                      pipeline.open_store(clean.output.path).vectors(view))
+    _assert_refused_then_resumed(job, tmp_path, tiny_bert, small_texts, fmt)
 
 
 @pytest.mark.parametrize("fmt", ["zarr", "icechunk"])
