@@ -8,7 +8,9 @@ cost shows, not the model's).
 For each step: wall and CPU seconds, bytes written (the process's write accounting,
 `wchar` in /proc/self/io: every byte it wrote, staging included), peak RSS, and the store's
 size on disk after it. Each step is a whole `bertpipe` process; the last, `gc --keep 1`,
-shows what the store occupies once the versions before the update are expired.
+shows what the store occupies once the versions before the update are expired; then four
+more nightly updates, `gc --keep 1` again, and the store's size against a fresh store of
+the same rows made in one run.
 """
 
 from __future__ import annotations
@@ -100,28 +102,30 @@ def write_input(path: Path, ids: list[int], texts: list[str]) -> None:
     pq.write_table(pa.table({"id": ids, "text": texts}), path, row_group_size=50_000)
 
 
-def grown(rows: int, texts: list[str]) -> tuple[list[int], list[str]]:
-    """+1% new rows and 0.1% of the old ones changed, at random positions."""
-    changed = random.Random(1).sample(range(rows), max(1, rows // 1000))
+def grown(rows: int, texts: list[str], night: int = 1) -> tuple[list[int], list[str]]:
+    """+1% new rows and 0.1% of the old ones changed, at random positions (other ones
+    each `night`)."""
+    changed = random.Random(night).sample(range(rows), max(1, rows // 1000))
     new = [*texts]
     for i in changed:
-        new[i] = f"{new[i]} (edited)"
+        new[i] = f"{new[i]} (edited {night})"
     added = max(1, rows // 100)
-    extra = distinct_texts(rows + added, seed=2)[rows:]
+    extra = distinct_texts(rows + added, seed=100 + night)[rows:]
     return list(range(rows + added)), new + extra
 
 
-def job_file(root: Path, fmt: str, source: Path, model: Path, rows: int) -> Path:
+def job_file(root: Path, fmt: str, source: Path, model: Path, rows: int,
+             name: str = "store") -> Path:
     job = {"input": {"path": str(source), "text_column": "text", "id_column": "id"},
            "model": {"path": str(model), "dtype": "float32", "device": "cpu",
                      "runtime": "torch"},
            "chunking": {"strategy": "hierarchical", "max_tokens": 64},
            "views": {"mean": {"pooling": "mean"}, "cls": {"pooling": "cls"},
                      "max": {"pooling": "max"}},
-           "output": {"path": str(root / f"store.{fmt}"), "format": fmt},
+           "output": {"path": str(root / f"{name}.{fmt}"), "format": fmt},
            "execution": {"scheduler": "synchronous",
                          "partition_rows": max(1000, min(rows // 8, 50_000))}}
-    path = root / f"job-{fmt}.yaml"
+    path = root / f"job-{name}-{fmt}.yaml"
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     return path
 
@@ -161,12 +165,22 @@ def one_size(fmt: str, rows: int, model: Path) -> list[dict[str, Any]]:
               f"{figures['rss_mb']:6.0f} MB  store {disk_mb(store):7.1f} MB", flush=True)
 
     step("full run", "extract", str(job), "-q")
-    write_input(source, *grown(rows, texts))
+    ids, texts = grown(rows, texts)
+    write_input(source, ids, texts)
     step("update", "extract", str(job), "--incremental", "-q")
     step("no-op update", "extract", str(job), "--incremental", "-q")
     step("verify", "verify", str(store))
     step("open + read", "open", str(store))
     step("gc --keep 1", "gc", str(store), "--keep", "1")
+    for night in range(2, 6):  # five nightly updates in all, then gc
+        ids, texts = grown(len(texts), texts, night)
+        write_input(source, ids, texts)
+        step(f"update {night}", "extract", str(job), "--incremental", "-q")
+    step("gc after 5", "gc", str(store), "--keep", "1")
+    fresh = root / f"fresh.{fmt}"  # a store of the same rows, made in one run
+    figures = measure("extract", str(job_file(root, fmt, source, model, rows, "fresh")), "-q")
+    steps.append({"format": fmt, "rows": rows, "step": "fresh store", **figures,
+                  "store_mb": disk_mb(fresh)})
     return steps
 
 
@@ -193,7 +207,10 @@ def main() -> None:
             print(f"{fmt} {rows} rows: the update wrote {update['written'] / full['written']:.1%}"
                   f" of the full run's bytes in {update['wall_s'] / full['wall_s']:.1%} of its "
                   f"wall time; no-op update {by['no-op update']['wall_s']:.1f}s; store after "
-                  f"gc {by['gc --keep 1']['store_mb'] / full['store_mb']:.2f}x the full run's")
+                  f"gc {by['gc --keep 1']['store_mb'] / full['store_mb']:.2f}x the full run's;"
+                  f" after five updates and gc {by['gc after 5']['store_mb']:.1f} MB, "
+                  f"{by['gc after 5']['store_mb'] / by['fresh store']['store_mb']:.2f}x a fresh "
+                  "store of the same rows")
     (WORK / "results.json").write_text(json.dumps(results, indent=1))
 
 

@@ -182,8 +182,10 @@ def _dataset(group: Any, coords: dict[str, Any], label: str, dask: bool = True
     variables: dict[str, Any] = {}
     for name, array in group.arrays():
         dims = tuple(array.metadata.dimension_names)
-        if dims == (name,):  # a dimension coordinate: xarray reads it whole for its index
-            values = _Guarded(array, f"{label}/{name}")[...]  # (dask would start a scheduler)
+        if dims == (name,) and dask:  # a dimension coordinate: xarray reads it whole for
+            # its index, and dask would start a scheduler to read it (xarray's own lazy
+            # indexing reads it as it does every other array)
+            values = _Guarded(array, f"{label}/{name}")[...]
             variables[name] = (dims, strings_as_objects(values, array.attrs.get(
                 MISSING_ATTRIBUTE)) if values.dtype.kind in "OTU" else values)
         else:
