@@ -27,6 +27,13 @@ def backend_kwargs(model: str, backend: str) -> dict:
     if backend == "onnx-int8":
         int8 = json.loads((Path(model) / "peers.json").read_text())["int8_file"]
         return {"backend": "onnx", "model_kwargs": {"file_name": int8}}
+    if backend == "openvino-f32":  # the precision hint a user sets where bf16 is slower
+        return {"backend": "openvino",
+                "model_kwargs": {"ov_config": {"INFERENCE_PRECISION_HINT": "f32"}}}
+    if backend == "torch-bf16":  # PyTorch in bfloat16 (fast where the CPU has AMX)
+        import torch
+
+        return {"backend": "torch", "model_kwargs": {"torch_dtype": torch.bfloat16}}
     return {"backend": backend}  # torch; openvino at its own default precision for this CPU
 
 
@@ -36,7 +43,8 @@ def main() -> None:
     ap.add_argument("texts")
     ap.add_argument("out")
     ap.add_argument("--backend", default="torch",
-                    choices=["torch", "onnx", "onnx-int8", "openvino"])
+                    choices=["torch", "torch-bf16", "onnx", "onnx-int8", "openvino",
+                             "openvino-f32"])
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--max-seq-length", type=int, default=512)

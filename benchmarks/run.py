@@ -2,8 +2,10 @@
 sentence-transformers' CPU backends, whole processes alternating.
 
 Peers, from their own venv (benchmarks/setup_peers.sh made it and their exports, untimed):
-sentence-transformers `encode` with PyTorch fp32, ONNX Runtime fp32, ONNX Runtime dynamic
-int8, and OpenVINO (its default precision for this CPU). bertpipe: runtime torch float32,
+sentence-transformers `encode` with PyTorch fp32 and bf16, ONNX Runtime fp32, ONNX Runtime
+dynamic int8, OpenVINO at its default precision for this CPU and with the f32 precision
+hint (every backend and precision a user could configure; the fastest non-quantised one is
+the ratio's reference). bertpipe: runtime torch float32,
 torch with dtype auto, openvino, and the auto runtime with 8 views, attention pooling and a
 layer-2 view. Each round runs every case once, in alternating order; the table gives
 medians: tokens/s of the whole process and of its work after start-up, the ratio to the
@@ -59,9 +61,11 @@ EIGHT_VIEWS = {
 # name -> backend of benchmarks/peer_st.py
 PEERS = {
     "st torch fp32": "torch",
+    "st torch bf16": "torch-bf16",
     "st onnx fp32": "onnx",
     "st onnx int8": "onnx-int8",
     "st openvino": "openvino",
+    "st openvino f32 hint": "openvino-f32",
 }
 QUANTISED = {"st onnx int8"}
 REFERENCE_PEER = "st torch fp32"
