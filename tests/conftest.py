@@ -435,3 +435,12 @@ def whitened_in_place(source: Path, model: Path, root: Path, fmt: str, reference
         run_job(Job.from_dict(raw))
         got[name] = pipeline.open_store(root / f"w.{name}").vectors("mean")
     return got[fmt], got[reference]
+
+
+def assert_same_results(got: Any, want: Any, views: tuple[str, ...] = ("mean", "cls")) -> None:
+    """Two opened stores of one job hold the same vectors (documents and chunks) under the
+    same ids, in the same order."""
+    for view in views:
+        np.testing.assert_array_equal(got.vectors(view), want.vectors(view))
+        np.testing.assert_array_equal(got.vectors(view, "chunks"), want.vectors(view, "chunks"))
+    np.testing.assert_array_equal(got.docs["id"].values, want.docs["id"].values)

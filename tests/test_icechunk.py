@@ -25,7 +25,7 @@ from pipeline.run.runner import run_job
 from pipeline.spec import Job
 from pipeline.stores import detect_format, icechunk_store
 from pipeline.stores.verify import verify_store
-from tests.conftest import REVIEWS, job_dict, plain_docs, whitened_in_place
+from tests.conftest import REVIEWS, assert_same_results, job_dict, plain_docs, whitened_in_place
 
 
 def _texts(n: int) -> list[str]:
@@ -59,10 +59,7 @@ def test_full_run_equals_the_zarr_format_and_opens_without_bertpipe(
     run_job(plain)
     a, b = pipeline.open_store(ice.output.path), pipeline.open_store(plain.output.path)
     assert a.format == "icechunk" and a.provenance.complete and a.provenance.version == 0
-    for view in ("mean", "cls"):
-        np.testing.assert_array_equal(a.vectors(view), b.vectors(view))
-        np.testing.assert_array_equal(a.vectors(view, "chunks"), b.vectors(view, "chunks"))
-    np.testing.assert_array_equal(a.docs["id"].values, b.docs["id"].values)
+    assert_same_results(a, b)
     assert verify_store(ice.output.path) == []
     docs = plain_docs(ice.output.path)  # xarray on an Icechunk session, no bertpipe
     np.testing.assert_array_equal(docs["mean"].values, b.vectors("mean"))

@@ -164,6 +164,18 @@ class StoreFormat(ABC):
         """`raw` with the checksum of every data file of `version` recorded in it."""
         return sealed(raw, self.checksums(self._files_of(version)))
 
+    def _sealed_with(self, raw: dict[str, Any], version: int,
+                     written: dict[str, FileSum]) -> dict[str, Any]:
+        """`raw` sealed with the sums of `version`'s files without reading what is known:
+        the sums of the files this handle wrote (`written`), those recorded for files it
+        kept, and (a store sealed before sums were kept this way) a read of any other."""
+        before = recorded_checksums(self.record())
+        sums = {}
+        for rel in self._files_of(version):
+            known = written.get(rel) or before.get(rel)
+            sums[rel] = known or self.file_sum(rel)
+        return sealed(raw, {k: v for k, v in sums.items() if v is not None})
+
     def checksums(self, files: Sequence[str], root: StoreFormat | None = None
                   ) -> dict[str, FileSum]:
         root = root or self

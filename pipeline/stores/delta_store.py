@@ -61,7 +61,7 @@ from ..io.location import Location, resolve
 from .base import StagedLevel, StreamedVersion, column_matrix
 from .parquet_store import DTYPE_KEY, READ_ERRORS, WIDTH_KEY, ParquetFormat, _parts_dataset
 from .parquet_store import _write as write_parquet
-from .provenance import FileSum, is_complete, recorded_checksums, sealed, version_of
+from .provenance import FileSum, is_complete, version_of
 
 # Rows of a level per data file. A file is the unit an update rewrites: a changed row
 # costs its whole file, so with changes at random rows a share f of rows changed rewrites
@@ -517,12 +517,7 @@ class DeltaFormat(ParquetFormat):
     def _sealed(self, raw: dict[str, Any], version: int) -> dict[str, Any]:
         """Sums of the files this handle wrote, the recorded sums of the files it kept,
         and (a store sealed without them) a read of any other."""
-        before = recorded_checksums(self.record())
-        sums = {}
-        for rel in self._files_of(version):
-            known = self._written.get(rel) or before.get(rel)
-            sums[rel] = known or self.file_sum(rel)
-        return sealed(raw, {k: v for k, v in sums.items() if v is not None})
+        return self._sealed_with(raw, version, self._written)
 
     def recover(self) -> None:
         """Nothing to finish: a version is completed by one commit (what a killed update

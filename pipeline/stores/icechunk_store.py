@@ -45,7 +45,7 @@ from ..io.location import Location, resolve
 from .base import StreamedVersion
 from .columns import StoredColumns
 from .integrity import VerifiedStore
-from .provenance import FileSum, is_complete, recorded_checksums, sealed, version_of
+from .provenance import FileSum, is_complete, version_of
 from .zarr_store import (
     DATA_DIRS,
     LEVEL_DIMS,
@@ -242,12 +242,7 @@ class IcechunkFormat(ZarrFormat):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             describe_arrays(self._root(), raw)
-        before = recorded_checksums(self.record())
-        sums = {}
-        for key in self._files_of(version):
-            known = self._written.get(key) or before.get(key)
-            sums[key] = known or self.file_sum(key)
-        return sealed(raw, {k: v for k, v in sums.items() if v is not None})
+        return self._sealed_with(raw, version, self._written)
 
     # ---- writing -----------------------------------------------------------------
 
