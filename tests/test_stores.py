@@ -310,3 +310,41 @@ def test_opening_a_zarr_store_reads_its_provenance_once(
     store = pipeline.open_store(tmp_path / "o.zarr")
     assert store.vectors("mean").shape == (3, 32)
     assert len(reads) == 1, reads
+
+
+def test_a_failed_commit_read_drops_only_damaged_markers_and_never_after_a_lost_lock(
+        tmp_path: Path) -> None:
+    """`checked_reads`: a read that fails over an altered part removes that part's marker
+    (exit 6: the rerun encodes it); over intact parts it changes nothing and re-raises; a
+    lost lock re-raises at once, the staging left to the run that holds the store now."""
+    import pyarrow as pa
+
+    from pipeline.errors import PartitionError
+    from pipeline.stores.lock import LockLostError
+    from pipeline.stores.markers import PartitionMarker
+    from pipeline.stores.staging import Staging
+
+    staging = Staging(str(tmp_path / "o.zarr"))
+    staging.begin({"run_fingerprint": "f"})
+    marker = PartitionMarker(index=0, fingerprint="f", rows=(0, 2), input="i", n_chunks=2,
+                             n_tokens=9, n_covered=9, n_encoded=13, n_unique=2, device="cpu",
+                             dtype="float32", runtime="torch", seconds=0.5)
+    for index in (0, 1):
+        staging.write_part(PartitionMarker(**{**marker.to_dict(), "index": index,
+                                              "rows": (2 * index, 2 * index + 2)}),
+                           {"docs": pa.table({"row": [0, 1], "x": [1.5, 2.5]})})
+    with pytest.raises(OSError, match="boom"), staging.checked_reads([0, 1]):
+        raise OSError("boom")  # nothing altered: the error is the read's own
+    assert staging.marker(0).exists() and staging.marker(1).exists()
+    part = staging.part_path(1, "docs")
+    data = bytearray(part.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    part.write_bytes(bytes(data))
+    with pytest.raises(LockLostError), staging.checked_reads([0, 1]):
+        raise LockLostError("taken over")
+    assert staging.marker(1).exists()  # another run's staging now: untouched
+    with pytest.raises(PartitionError, match="staged partition 1 changed"), \
+            staging.checked_reads([0, 1]):
+        raise OSError("page checksum mismatch")
+    assert staging.marker(0).exists() and not staging.marker(1).exists()
+    assert list(staging.done("f")) == [0]

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from ..errors import PartitionError, StoreError
 from ..io.location import Location, resolve
-from .lock import Fence
+from .lock import Fence, LockLostError
 from .markers import PartitionMarker
 
 STAGING_DIR = "_bertpipe"
@@ -145,6 +145,8 @@ class Staging:
         failed read pays for the second read."""
         try:
             yield
+        except LockLostError:
+            raise  # the store is another run's now: nothing of its staging is touched
         except (OSError, ValueError, pa.ArrowException, StoreError) as exc:
             damaged = self.drop_damaged(indices)
             if not damaged:
@@ -167,6 +169,7 @@ class Staging:
                                      for level, digest in marker.sha256.items()):
                 continue
             damaged.append(index)
+            self.confirm(f"remove the marker of damaged partition {index}")  # fencing
             with contextlib.suppress(FileNotFoundError):
                 self.marker(index).remove()
         return damaged
