@@ -72,6 +72,7 @@ REFERENCE_PEER = "st torch fp32"
 
 # name -> (runtime, dtype, views): every case is a whole `bertpipe extract` process
 CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "bertpipe defaults": ("auto", "auto", ONE_VIEW),  # what a job that names neither gets
     "bertpipe torch fp32": ("torch", "float32", ONE_VIEW),
     "bertpipe torch auto": ("torch", "auto", ONE_VIEW),
     "bertpipe openvino": ("openvino", "auto", ONE_VIEW),
