@@ -41,11 +41,17 @@ def test_notebook_runs_top_to_bottom(tmp_path: Path, minilm: Path, tiny_bert: Pa
     result = CliRunner().invoke(main, [
         "extract", "jobs/reviews.yaml", "--set", f"output.path={store}",
         "--set", f"model.path={minilm}", "--set", "execution.scheduler=synchronous",
+        # the float32 reference runtime: `auto` would calibrate (and export OpenVINO) here,
+        # in a cache of this session, which is a test of its own (test_calibrate.py)
+        "--set", "model.runtime=torch", "--set", "model.dtype=float32",
         "--set", "views={mean: {pooling: mean}, cls: {pooling: cls}, "
                  "mid4: {layers: [-4, -3, -2, -1], combine: mean, pooling: mean}}"])
     assert result.exit_code == 0, result.output
     notebook = nbformat.read(REPO / "docs" / "notebook.ipynb", as_version=4)
     monkeypatch.setenv("BERTPIPE_STORE", str(store))
+    # the kernel's probes fit hundreds of rows: one BLAS thread each beside the other test
+    # worker (thread hand-offs on 2 shared cores cost more than they save)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("BERTPIPE_VERSIONED_STORE", str(_versioned_store(tmp_path, tiny_bert)))
     client = nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
                                      resources={"metadata": {"path": str(REPO / "docs")}})

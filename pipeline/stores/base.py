@@ -13,7 +13,7 @@ Provenance comes in typed (`Provenance`); the raw dict is what is stored, and
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -170,16 +170,20 @@ class StoreFormat(ABC):
         the sums of the files this handle wrote (`written`), those recorded for files it
         kept, and (a store sealed before sums were kept this way) a read of any other."""
         before = recorded_checksums(self.record())
-        sums = {}
-        for rel in self._files_of(version):
-            known = written.get(rel) or before.get(rel)
-            sums[rel] = known or self.file_sum(rel)
-        return sealed(raw, {k: v for k, v in sums.items() if v is not None})
+        files = self._files_of(version)
+        sums = {rel: known for rel in files if (known := written.get(rel) or before.get(rel))}
+        sums.update(self.checksums([rel for rel in files if rel not in sums]))
+        return sealed(raw, sums)
 
     def checksums(self, files: Sequence[str], root: StoreFormat | None = None
                   ) -> dict[str, FileSum]:
-        root = root or self
-        return {rel: sum_ for rel in files if (sum_ := root.file_sum(rel))}
+        """The sums of those of `files` that exist."""
+        sums = (root or self).file_sums(files)
+        return {rel: sum_ for rel, sum_ in sums.items() if sum_ is not None}
+
+    def file_sums(self, rels: Iterable[str]) -> dict[str, FileSum | None]:
+        """`file_sum` of each of `rels` (see `checked_sizes`)."""
+        return {rel: self.file_sum(rel) for rel in rels}
 
     def recorded_checksums(self) -> dict[str, FileSum]:
         return recorded_checksums(self.record())
@@ -264,6 +268,11 @@ class StoreFormat(ABC):
     @abstractmethod
     def checked_size(self, rel: str) -> int | None:
         """Bytes of `rel` that its checksum covers, from file sizes alone; None if absent."""
+
+    def checked_sizes(self, rels: Iterable[str]) -> dict[str, int | None]:
+        """`checked_size` of each of `rels` (a format whose every lookup is a round trip
+        asks for them all at once)."""
+        return {rel: self.checked_size(rel) for rel in rels}
 
     @abstractmethod
     def row_counts(self) -> dict[str, tuple[str, int]]:

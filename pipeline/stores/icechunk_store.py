@@ -23,10 +23,11 @@ by Zarr key; a commit hashes the chunks it writes and keeps the recorded sums of
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -333,17 +334,40 @@ class IcechunkFormat(ZarrFormat):
                       and not any(p.startswith(".") for p in key.split("/")))
 
     def file_sum(self, rel: str) -> FileSum | None:
-        value = sync(self._session().store.get(rel, default_buffer_prototype()))
-        if value is None:
-            return None
-        raw = value.to_bytes()
-        return FileSum(hashlib.sha256(raw).hexdigest(), len(raw))
+        return self.file_sums([rel])[rel]
+
+    def file_sums(self, rels: Iterable[str]) -> dict[str, FileSum | None]:
+        """All in one call into the store's event loop (see `checked_sizes`)."""
+        store, keys = self._session().store, list(rels)
+
+        async def read(rel: str) -> FileSum | None:
+            value = await store.get(rel, default_buffer_prototype())
+            if value is None:
+                return None
+            raw = value.to_bytes()
+            return FileSum(hashlib.sha256(raw).hexdigest(), len(raw))
+
+        async def sums() -> list[FileSum | None]:
+            return list(await asyncio.gather(*(read(rel) for rel in keys)))
+
+        return dict(zip(keys, sync(sums()), strict=True))
 
     def checked_size(self, rel: str) -> int | None:
-        store = self._session().store
-        if not sync(store.exists(rel)):
-            return None
-        return int(sync(store.getsize(rel)))
+        return self.checked_sizes([rel])[rel]
+
+    def checked_sizes(self, rels: Iterable[str]) -> dict[str, int | None]:
+        """All in one call into the store's event loop: one at a time, the hand-off to it
+        costs more than Icechunk's lookup (~1 ms a key: 10 s for 10,000 chunks)."""
+        store, keys = self._session().store, list(rels)
+
+        async def size(rel: str) -> int | None:
+            # an unwritten chunk key has size 0 too: ask whether it exists
+            return int(await store.getsize(rel)) if await store.exists(rel) else None
+
+        async def sizes() -> list[int | None]:
+            return list(await asyncio.gather(*(size(rel) for rel in keys)))
+
+        return dict(zip(keys, sync(sizes()), strict=True))
 
     def _plain_root(self) -> Any:
         return zarr.open_group(self._session().store, mode="r", use_consolidated=False)

@@ -75,7 +75,7 @@ def check_sizes(fmt: StoreFormat) -> None:
     """The cheap check made on every open: each recorded file is present with its size
     (no reading), so a missing or truncated file is refused before anything decodes it."""
     recorded = fmt.recorded_checksums()
-    sizes = {rel: fmt.checked_size(rel) for rel in recorded}
+    sizes = fmt.checked_sizes(recorded)
     found = {rel: problem for rel, expected in recorded.items()
              if (problem := size_problem(rel, sizes[rel], expected))}
     problems = describe(found, {rel for rel, size in sizes.items() if size is None}, recorded)
@@ -89,7 +89,7 @@ def _checksum_problems(fmt: StoreFormat, provenance: Provenance) -> list[str]:
     if not recorded:
         return ["no checksums recorded (written before bertpipe recorded them); rerun its "
                 "job with --overwrite to rewrite it"]
-    sums = {rel: fmt.file_sum(rel) for rel in recorded}
+    sums = fmt.file_sums(recorded)
     found = {rel: problem for rel, expected in recorded.items()
              if (problem := sum_problem(rel, sums[rel], expected))}
     problems = describe(found, {rel for rel, sum_ in sums.items() if sum_ is None}, recorded)
