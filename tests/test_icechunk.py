@@ -68,6 +68,26 @@ def test_full_run_equals_the_zarr_format_and_opens_without_bertpipe(
     assert facts["format"] == "icechunk" and facts["readable_versions"] == [0]
 
 
+def test_sizes_and_sums_of_every_key_at_once_equal_those_recorded_at_write(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks on open and in verify ask for all keys in one call: each answer is the
+    size and sum the commit recorded from the bytes it wrote, and an absent key is None
+    (not the 0 Icechunk gives for an unwritten chunk), as when asked one at a time."""
+    monkeypatch.setattr(icechunk_store, "ICECHUNK_ROWS_PER_CHUNK", 4)  # many chunk keys
+    job = _job(tmp_path, tiny_bert, _input(tmp_path / "in.parquet", _texts(40)))
+    run_job(job)
+    fmt = detect_format(job.output.path)
+    recorded = fmt.recorded_checksums()
+    absent = "docs/mean/c/99/0"  # inside the key grammar, never written
+    keys = [*recorded, absent]
+    sizes, sums = fmt.checked_sizes(keys), fmt.file_sums(keys)
+    assert len([rel for rel in recorded if rel.startswith("docs/mean/c/")]) == 10
+    assert sizes[absent] is None and sums[absent] is None and fmt.checked_size(absent) is None
+    for rel, want in recorded.items():
+        assert sizes[rel] == want.size == fmt.checked_size(rel), rel
+        assert sums[rel] == want == fmt.file_sum(rel), rel
+
+
 @pytest.mark.slow  # several runs each: in make test, not make test-fast
 def test_an_update_writes_only_the_chunks_that_changed(
         tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
