@@ -3,11 +3,14 @@ at random positions), a no-op update, `verify`, and `open_store` + one view read
 format that grows, at several sizes, on a tiny random BERT (so that the pipeline's own
 cost shows, not the model's).
 
-    python benchmarks/scale.py [--rows 10000 100000] [--formats icechunk parquet delta]
+    python benchmarks/scale.py [--rows 10000 100000] [--formats icechunk parquet delta] [--s3]
 
 For each step: wall and CPU seconds, bytes written (the process's write accounting,
 `wchar` in /proc/self/io: every byte it wrote, staging included), peak RSS, and the store's
-size on disk after it. Each step is a whole `bertpipe` process; the last, `gc --keep 1`,
+size on disk after it. With `--s3` the stores live on a loopback S3 endpoint (moto, in a
+thread of this process) and each step also reports the bytes its requests uploaded (every
+PUT and POST body: staging, data, metadata) and its requests by method; the store's size
+is then the sum of its objects. Each step is a whole `bertpipe` process; the last, `gc --keep 1`,
 shows what the store occupies once the versions before the update are expired; then four
 more nightly updates, `gc --keep 1` again, and the store's size against a fresh store of
 the same rows made in one run.
@@ -122,7 +125,7 @@ def job_file(root: Path, fmt: str, source: Path, model: Path, rows: int,
            "chunking": {"strategy": "hierarchical", "max_tokens": 64},
            "views": {"mean": {"pooling": "mean"}, "cls": {"pooling": "cls"},
                      "max": {"pooling": "max"}},
-           "output": {"path": str(root / f"{name}.{fmt}"), "format": fmt},
+           "output": {"path": str(store_at(root, fmt, name)), "format": fmt},
            "execution": {"scheduler": "synchronous",
                          "partition_rows": max(1000, min(rows // 8, 50_000))}}
     path = root / f"job-{name}-{fmt}.yaml"
@@ -141,8 +144,26 @@ def measure(*args: str) -> dict[str, Any]:
     return json.loads(report.read_text())
 
 
-def disk_mb(folder: Path) -> float:
+def disk_mb(folder: Path | str) -> float:
+    """MB of every file of a local store, or every object of one on S3."""
+    if isinstance(folder, str):
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(folder)
+        fs.invalidate_cache()  # the steps' processes changed it
+        return sum(fs.du(path, total=False).values()) / 1e6 if fs.exists(path) else 0.0
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) / 1e6
+
+
+S3_BUCKET = "scale"
+S3: Any = None  # the counting endpoint's counter, with --s3
+
+
+def store_at(root: Path, fmt: str, name: str) -> Path | str:
+    """Where a store of this size and format lives: beside its input, or on S3."""
+    if S3 is None:
+        return root / f"{name}.{fmt}"
+    return f"s3://{S3_BUCKET}/{root.name}/{name}.{fmt}"
 
 
 def one_size(fmt: str, rows: int, model: Path) -> list[dict[str, Any]]:
@@ -153,22 +174,29 @@ def one_size(fmt: str, rows: int, model: Path) -> list[dict[str, Any]]:
     texts = distinct_texts(rows)
     write_input(source, list(range(rows)), texts)
     job = job_file(root, fmt, source, model, rows)
-    store = root / f"store.{fmt}"
+    store = store_at(root, fmt, "store")
     steps = []
 
     def step(name: str, *args: str) -> None:
         figures = measure(*args)
+        if S3 is not None:
+            figures["uploaded"], figures["requests"] = S3.take()
         steps.append({"format": fmt, "rows": rows, "step": name, **figures,
                       "store_mb": disk_mb(store)})
+        uploaded = f"  uploaded {figures['uploaded'] / 1e6:8.1f} MB in " + ", ".join(
+            f"{n} {m}" for m, n in sorted(figures["requests"].items())) if S3 else ""
         print(f"  {fmt:<8} {rows:>8} {name:<16} wall {figures['wall_s']:7.1f}s  cpu "
               f"{figures['cpu_s']:7.1f}s  written {figures['written'] / 1e6:8.1f} MB  rss "
-              f"{figures['rss_mb']:6.0f} MB  store {disk_mb(store):7.1f} MB", flush=True)
+              f"{figures['rss_mb']:6.0f} MB  store {disk_mb(store):7.1f} MB{uploaded}",
+              flush=True)
 
     step("full run", "extract", str(job), "-q")
     ids, texts = grown(rows, texts)
     write_input(source, ids, texts)
     step("update", "extract", str(job), "--incremental", "-q")
     step("no-op update", "extract", str(job), "--incremental", "-q")
+    if S3 is not None:
+        S3.take()  # the store's size was listed: not the steps' requests
     step("verify", "verify", str(store))
     step("open + read", "open", str(store))
     step("gc --keep 1", "gc", str(store), "--keep", "1")
@@ -177,7 +205,7 @@ def one_size(fmt: str, rows: int, model: Path) -> list[dict[str, Any]]:
         write_input(source, ids, texts)
         step(f"update {night}", "extract", str(job), "--incremental", "-q")
     step("gc after 5", "gc", str(store), "--keep", "1")
-    fresh = root / f"fresh.{fmt}"  # a store of the same rows, made in one run
+    fresh = store_at(root, fmt, "fresh")  # a store of the same rows, made in one run
     figures = measure("extract", str(job_file(root, fmt, source, model, rows, "fresh")), "-q")
     steps.append({"format": fmt, "rows": rows, "step": "fresh store", **figures,
                   "store_mb": disk_mb(fresh)})
@@ -188,14 +216,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--formats", nargs="+", default=["icechunk", "parquet", "delta"])
+    parser.add_argument("--s3", action="store_true",
+                        help="stores on a loopback S3 endpoint; bytes uploaded per step")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
+    if args.s3:
+        return with_s3(args)
+    run(args)
+
+
+def with_s3(args: argparse.Namespace) -> None:
+    global S3
+    sys.path[:0] = [str(REPO / "benchmarks"), str(REPO)]
+    from s3count import counting_s3
+
+    from tests.s3server import environment, make_bucket
+
+    with counting_s3() as (url, counter):
+        os.environ.update(environment(url))  # the steps' processes find it so
+        make_bucket(url, S3_BUCKET)
+        S3 = counter
+        S3.take()
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     model = make_tiny_model(WORK / "tiny-bert")
     flags = sorted({f for line in Path("/proc/cpuinfo").read_text().splitlines()
                     if line.startswith("flags") for f in line.split()[2:]}
                    & {"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
     print(f"{cpu_name()} ({', '.join(flags)}), {os.cpu_count()} cores; load "
-          f"{os.getloadavg()[0]:.1f} at start; {time.strftime('%Y-%m-%d %H:%M')}")
+          f"{os.getloadavg()[0]:.1f} at start; {time.strftime('%Y-%m-%d %H:%M')}; stores "
+          + ("on a loopback S3 endpoint" if S3 is not None else "on local disk"))
     results = []
     for rows in args.rows:
         for fmt in args.formats:
@@ -204,14 +256,18 @@ def main() -> None:
         for rows in args.rows:
             by = {r["step"]: r for r in results if r["format"] == fmt and r["rows"] == rows}
             full, update = by["full run"], by["update"]
+            uploaded = (f"; uploaded {update['uploaded'] / full['uploaded']:.1%} of the "
+                        "full run's bytes to S3") if S3 is not None else ""
             print(f"{fmt} {rows} rows: the update wrote {update['written'] / full['written']:.1%}"
-                  f" of the full run's bytes in {update['wall_s'] / full['wall_s']:.1%} of its "
-                  f"wall time; no-op update {by['no-op update']['wall_s']:.1f}s; store after "
+                  f" of the full run's bytes{uploaded} in "
+                  f"{update['wall_s'] / full['wall_s']:.1%} of its wall time; no-op update "
+                  f"{by['no-op update']['wall_s']:.1f}s; store after "
                   f"gc {by['gc --keep 1']['store_mb'] / full['store_mb']:.2f}x the full run's;"
                   f" after five updates and gc {by['gc after 5']['store_mb']:.1f} MB, "
                   f"{by['gc after 5']['store_mb'] / by['fresh store']['store_mb']:.2f}x a fresh "
                   "store of the same rows")
-    (WORK / "results.json").write_text(json.dumps(results, indent=1))
+    name = "results-s3.json" if S3 is not None else "results.json"
+    (WORK / name).write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":
