@@ -26,6 +26,7 @@ class CountingWrites:
         self.lock = threading.Lock()
         self.uploaded = 0
         self.requests: collections.Counter[str] = collections.Counter()
+        self.staged = 0  # of which under a store's `_bertpipe/` (staged parts, markers)
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]
                  ) -> Iterable[bytes]:
@@ -37,13 +38,17 @@ class CountingWrites:
             self.requests[method] += 1
             if method in ("PUT", "POST"):
                 self.uploaded += int(size)
+                if "/_bertpipe/" in environ.get("PATH_INFO", ""):
+                    self.staged += int(size)
         return self.app(environ, start_response)
 
-    def take(self) -> tuple[int, dict[str, int]]:
-        """Bytes uploaded and requests by method since the last call; counting starts over."""
+    def take(self) -> dict[str, Any]:
+        """Bytes uploaded (all, and staged), requests by method since the last call; counting
+        starts over."""
         with self.lock:
-            taken = self.uploaded, dict(self.requests)
-            self.uploaded, self.requests = 0, collections.Counter()
+            taken = {"uploaded": self.uploaded, "staged": self.staged,
+                     "requests": dict(self.requests)}
+            self.uploaded, self.staged, self.requests = 0, 0, collections.Counter()
         return taken
 
 

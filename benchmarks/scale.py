@@ -180,10 +180,11 @@ def one_size(fmt: str, rows: int, model: Path) -> list[dict[str, Any]]:
     def step(name: str, *args: str) -> None:
         figures = measure(*args)
         if S3 is not None:
-            figures["uploaded"], figures["requests"] = S3.take()
+            figures.update(S3.take())
         steps.append({"format": fmt, "rows": rows, "step": name, **figures,
                       "store_mb": disk_mb(store)})
-        uploaded = f"  uploaded {figures['uploaded'] / 1e6:8.1f} MB in " + ", ".join(
+        uploaded = f"  uploaded {figures['uploaded'] / 1e6:6.1f} MB (staged " \
+            f"{figures['staged'] / 1e6:.1f}) in " + ", ".join(
             f"{n} {m}" for m, n in sorted(figures["requests"].items())) if S3 else ""
         print(f"  {fmt:<8} {rows:>8} {name:<16} wall {figures['wall_s']:7.1f}s  cpu "
               f"{figures['cpu_s']:7.1f}s  written {figures['written'] / 1e6:8.1f} MB  rss "
@@ -207,6 +208,8 @@ def one_size(fmt: str, rows: int, model: Path) -> list[dict[str, Any]]:
     step("gc after 5", "gc", str(store), "--keep", "1")
     fresh = store_at(root, fmt, "fresh")  # a store of the same rows, made in one run
     figures = measure("extract", str(job_file(root, fmt, source, model, rows, "fresh")), "-q")
+    if S3 is not None:  # counted apart, or the next format's first step would get them
+        figures.update(S3.take())
     steps.append({"format": fmt, "rows": rows, "step": "fresh store", **figures,
                   "store_mb": disk_mb(fresh)})
     return steps
