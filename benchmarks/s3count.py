@@ -69,4 +69,5 @@ def counting_s3() -> Iterator[tuple[str, CountingWrites]]:
         yield f"http://127.0.0.1:{server.server_port}", counter
     finally:
         server.shutdown()
+        server.server_close()
         thread.join()
