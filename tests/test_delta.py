@@ -142,6 +142,39 @@ def test_an_update_rewrites_only_the_files_that_changed(
     assert verify_store(path) == []
 
 
+@pytest.mark.slow  # a dozen updates
+def test_checkpoints_bound_the_log_and_every_version_stays_readable(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    """A table's log gets a checkpoint every 10 commits (an open then reads the checkpoint
+    and the commits after it, not the whole log), and no commit is expired with it: the
+    first version opens exactly as it was after the checkpoint."""
+    from deltalake import DeltaTable
+
+    texts = _texts(24)
+    source = _input(tmp_path / "in.parquet", texts[:10])
+    job = _job(tmp_path, tiny_bert, source, incremental=True)
+    run_job(job)
+    path = Path(job.output.path)
+    first = pipeline.open_store(str(path)).vectors("mean")
+    log = path / "docs" / "_delta_log"
+    rows = 10
+    while DeltaTable(str(path / "docs")).version() < 10 and rows < len(texts):
+        rows += 1
+        _input(source, texts[:rows])
+        run_job(job, incremental=True)
+    table = DeltaTable(str(path / "docs"))
+    assert table.version() >= 10
+    assert table.metadata().configuration == delta_store.TABLE_CONFIGURATION
+    checkpoint = json.loads((log / "_last_checkpoint").read_text())["version"]
+    assert checkpoint == 9  # the 10th commit's
+    assert (log / f"{checkpoint:020d}.checkpoint.parquet").is_file()
+    assert (log / f"{0:020d}.json").is_file()  # nothing expired with the checkpoint
+    np.testing.assert_array_equal(pipeline.open_store(str(path), version=0).vectors("mean"),
+                                  first)
+    assert int(pipeline.open_store(str(path)).docs.sizes["doc"]) == rows
+    assert verify_store(str(path)) == []
+
+
 @pytest.mark.slow  # several runs: in make test, not make test-fast
 def test_time_travel_a_reader_of_an_old_version_and_gc(
         tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:

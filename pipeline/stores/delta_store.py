@@ -77,6 +77,12 @@ COMPLETE_KEY = "bertpipe_complete"
 TABLES_KEY = "bertpipe_tables"  # on the docs commit: the Delta version of each other table
 OLDEST_KEY = "bertpipe_oldest_kept"  # on a gc's commit: versions before it are gone
 DESCRIPTION = "bertpipe store: one row per input row (provenance in the commit metadata)"
+# Every open of a table replays its log from the last checkpoint: a checkpoint every 10
+# commits (delta-rs writes one only every 100 by default) keeps a nightly store's opens from
+# reading more each night. The log itself is never expired by age: a version stays readable
+# until `bertpipe gc` expires it.
+TABLE_CONFIGURATION = {"delta.checkpointInterval": "10",
+                       "delta.enableExpiredLogCleanup": "false"}
 
 
 @dataclass(frozen=True)
@@ -416,7 +422,7 @@ class DeltaFormat(ParquetFormat):
                     self._uri(level), _delta_schema(schema, level), pending.adds,
                     storage_options=storage_options_of(self.location),
                     description=DESCRIPTION if level == "docs" else None,
-                    commit_properties=properties))
+                    configuration=TABLE_CONFIGURATION, commit_properties=properties))
             except DeltaError as exc:
                 if self._table(level) is None:
                     raise StoreError(f"{self.path}: {level}: {_first_line(exc)}") from None
