@@ -888,16 +888,24 @@ def test_holder_paused_past_its_lease_is_fenced_off(
     _, err = first.communicate(timeout=120)
     assert first.returncode == 5, err
     assert "lock was taken over by another run after its lease expired" in err
-    # the first removed nothing and marked nothing done; a part file it was writing when it
-    # was paused (past its fencing check) may land in the staging folder, never read
+    # the first removed nothing and changed nothing of the store. What it may have left in
+    # the staging folder is the one partition it was on when paused: its part files, and its
+    # marker too if the pause fell between its last fencing check and that write (a check
+    # then a write, on a file system that has no conditional write); then the next check
+    # stops it
     after_first = snapshot(tmp_path)
     assert {k: v for k, v in after_first.items() if "/_bertpipe" not in k} == after_second
-    assert not list(out.glob("_bertpipe/parts/*.done.json"))
+    assert len(list(out.glob("_bertpipe/parts/*.done.json"))) <= 1
     assert run("verify", out).exit_code == 0
     assert f"pid {first.pid}" in pipeline.open_store(out).provenance.history[0].took_over_lock
     clean = run("extract", w.job(tmp_path / "clean.zarr", name="clean",
                                  execution={"scheduler": "synchronous", "partition_rows": 4}))
     assert clean.exit_code == 0, clean.output
+    assert_identical_stores(out, tmp_path / "clean.zarr")
+    # such a leftover is harmless: a rerun over the store (which may resume from it, being
+    # of the same job) gives the store a clean run gives
+    again = run("extract", job, "--overwrite")
+    assert again.exit_code == 0, again.output
     assert_identical_stores(out, tmp_path / "clean.zarr")
 
 
