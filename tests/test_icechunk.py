@@ -88,6 +88,28 @@ def test_sizes_and_sums_of_every_key_at_once_equal_those_recorded_at_write(
         assert sums[rel] == want == fmt.file_sum(rel), rel
 
 
+def test_keys_are_asked_in_one_call_a_bounded_number_at_a_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """However many keys, at most KEYS_IN_FLIGHT lookups (chunk reads, for sums) are
+    pending at once, and every key gets its own answer."""
+    import asyncio
+
+    monkeypatch.setattr(icechunk_store, "KEYS_IN_FLIGHT", 3)
+    pending, most = 0, 0
+
+    async def ask(key: str) -> str:
+        nonlocal pending, most
+        pending += 1
+        most = max(most, pending)
+        await asyncio.sleep(0.001)
+        pending -= 1
+        return key.upper()
+
+    keys = [f"docs/mean/c/{i}/0" for i in range(50)]
+    assert icechunk_store._each_key(ask, keys) == {k: k.upper() for k in keys}
+    assert most == 3
+
+
 @pytest.mark.slow  # several runs each: in make test, not make test-fast
 def test_an_update_writes_only_the_chunks_that_changed(
         tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:

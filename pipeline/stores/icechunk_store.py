@@ -27,10 +27,10 @@ import asyncio
 import hashlib
 import os
 import warnings
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import icechunk
 import numpy as np
@@ -337,8 +337,7 @@ class IcechunkFormat(ZarrFormat):
         return self.file_sums([rel])[rel]
 
     def file_sums(self, rels: Iterable[str]) -> dict[str, FileSum | None]:
-        """All in one call into the store's event loop (see `checked_sizes`)."""
-        store, keys = self._session().store, list(rels)
+        store = self._session().store
 
         async def read(rel: str) -> FileSum | None:
             value = await store.get(rel, default_buffer_prototype())
@@ -347,27 +346,19 @@ class IcechunkFormat(ZarrFormat):
             raw = value.to_bytes()
             return FileSum(hashlib.sha256(raw).hexdigest(), len(raw))
 
-        async def sums() -> list[FileSum | None]:
-            return list(await asyncio.gather(*(read(rel) for rel in keys)))
-
-        return dict(zip(keys, sync(sums()), strict=True))
+        return _each_key(read, rels)
 
     def checked_size(self, rel: str) -> int | None:
         return self.checked_sizes([rel])[rel]
 
     def checked_sizes(self, rels: Iterable[str]) -> dict[str, int | None]:
-        """All in one call into the store's event loop: one at a time, the hand-off to it
-        costs more than Icechunk's lookup (~1 ms a key: 10 s for 10,000 chunks)."""
-        store, keys = self._session().store, list(rels)
+        store = self._session().store
 
         async def size(rel: str) -> int | None:
             # an unwritten chunk key has size 0 too: ask whether it exists
             return int(await store.getsize(rel)) if await store.exists(rel) else None
 
-        async def sizes() -> list[int | None]:
-            return list(await asyncio.gather(*(size(rel) for rel in keys)))
-
-        return dict(zip(keys, sync(sizes()), strict=True))
+        return _each_key(size, rels)
 
     def _plain_root(self) -> Any:
         return zarr.open_group(self._session().store, mode="r", use_consolidated=False)
@@ -512,3 +503,27 @@ def _equal(held: np.ndarray, new: np.ndarray) -> bool:
     if held.dtype.kind == "f" and new.dtype.kind == "f":
         return bool(np.array_equal(held, new, equal_nan=True))
     return bool(np.array_equal(held.astype(object), new.astype(object)))
+
+
+# keys asked of the store at once: enough to hide each lookup's latency (a round trip on an
+# object store), few enough that reading chunks for their sums holds only this many at a time
+KEYS_IN_FLIGHT = 64
+T = TypeVar("T")
+
+
+def _each_key(ask: Callable[[str], Awaitable[T]], rels: Iterable[str]) -> dict[str, T]:
+    """`ask` of every key in one call into zarr's event loop (one hand-off to it per key
+    costs about 1 ms, more than Icechunk's own lookup: 10 s for 10,000 chunk keys), at most
+    KEYS_IN_FLIGHT at a time."""
+    keys = list(rels)
+
+    async def each() -> list[T]:
+        gate = asyncio.Semaphore(KEYS_IN_FLIGHT)
+
+        async def one(rel: str) -> T:
+            async with gate:
+                return await ask(rel)
+
+        return list(await asyncio.gather(*(one(rel) for rel in keys)))
+
+    return dict(zip(keys, sync(each()), strict=True))
