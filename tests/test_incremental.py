@@ -166,12 +166,12 @@ def scratch(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path,
     pq.write_table(_updated(), source)
 
     @functools.cache
-    def make(fmt: str = "parquet") -> Path:
-        job = _job(tiny_bert, source, root / f"scratch.{fmt}", fmt)
+    def made() -> Path:
+        job = _job(tiny_bert, source, root / "scratch.parquet", "parquet")
         run_job(job)
         return Path(job.output.path)
 
-    return PerFormat(lambda fmt: make())
+    return PerFormat(lambda fmt: made())
 
 
 @pytest.fixture(scope="module")
