@@ -173,3 +173,41 @@ def test_dashboard_only_where_the_scheduler_serves_one() -> None:
     assert dashboard_of(Client(KeyError("dashboard"), True)) is None  # --no-dashboard
     assert dashboard_of(Client("", True)) is None
     assert dashboard_of(Client(url, OSError("refused"))) is None
+
+
+def test_a_shutdown_timeout_nobody_read_is_not_an_error_line(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """asyncio's report of an unread tornado timeout (what Dask's batched streams leave when
+    a cluster closes mid-wait) is dropped; an unread error of any other kind still shows."""
+    import asyncio
+    import gc
+
+    from tornado import gen
+
+    from pipeline.run.dask_executor import quiet_shutdown_timeouts
+
+    quiet_shutdown_timeouts()
+    quiet_shutdown_timeouts()  # once per process, however often asked
+    assert sum(type(f).__name__ == "_ShutdownTimeoutFilter"
+               for f in logging.getLogger("asyncio").filters) == 1
+
+    async def leave_unread() -> None:
+        never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with pytest.raises(TimeoutError, match="^Timeout$"):  # how tornado words it
+            await gen.with_timeout(0.01, asyncio.shield(never))
+        timed_out = asyncio.get_running_loop().create_future()
+        timed_out.set_exception(TimeoutError("Timeout"))
+        failed = asyncio.get_running_loop().create_future()
+        failed.set_exception(ValueError("a real failure"))
+        other_timeout = asyncio.get_running_loop().create_future()
+        other_timeout.set_exception(TimeoutError("the store took too long"))
+        del timed_out, failed, other_timeout
+        gc.collect()
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(leave_unread())
+    unread = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+    assert len(unread) == 2, unread
+    assert any("ValueError('a real failure')" in line for line in unread)
+    assert any("the store took too long" in line for line in unread)
+    assert not any("TimeoutError('Timeout')" in line for line in unread)

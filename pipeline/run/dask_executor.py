@@ -320,6 +320,7 @@ class DaskExecutor:
 
         if not log.isEnabledFor(logging.INFO):  # Dask's own INFO lines drown the progress
             logging.getLogger("distributed").setLevel(logging.ERROR)
+        quiet_shutdown_timeouts()
         if self.scheduler != "local":
             if self._remote is not None:
                 yield self._remote, self.threads_per_worker
@@ -330,6 +331,28 @@ class DaskExecutor:
         n, threads = _local_shape(job, self.workers, self.threads_per_worker)
         with _local_cluster(job, n, threads) as cluster, Client(cluster) as client:
             yield client, threads
+
+
+class _ShutdownTimeoutFilter(logging.Filter):
+    """Drops asyncio's "Future exception was never retrieved" for tornado's bare
+    TimeoutError('Timeout'). Distributed's batched streams wait on a tornado event with a
+    timeout; when a client or cluster closes while such a wait has just timed out, the loop
+    stops before the stream reads the timeout, and asyncio reports the unread future at
+    garbage collection: an ERROR line after a run that succeeded. Any other exception, and
+    any other asyncio error, still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Future exception was never retrieved"):
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (type(exc) is TimeoutError and exc.args == ("Timeout",))
+
+
+def quiet_shutdown_timeouts() -> None:
+    """Install `_ShutdownTimeoutFilter` on asyncio's logger, once per process."""
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, _ShutdownTimeoutFilter) for f in asyncio_log.filters):
+        asyncio_log.addFilter(_ShutdownTimeoutFilter())
 
 
 def connect(address: str) -> Any:
