@@ -11,9 +11,10 @@ size on disk after it. With `--s3` the stores live on a loopback S3 endpoint (mo
 thread of this process) and each step also reports the bytes its requests uploaded (every
 PUT and POST body: staging, data, metadata) and its requests by method; the store's size
 is then the sum of its objects. Each step is a whole `bertpipe` process; the last, `gc --keep 1`,
-shows what the store occupies once the versions before the update are expired; then four
-more nightly updates, `gc --keep 1` again, and the store's size against a fresh store of
-the same rows made in one run.
+shows what the store occupies once the versions before the update are expired; then more
+nightly updates (`--nights`, 5 in all by default), `gc --keep 1` again, and the store's size
+against a fresh store of the same rows made in one run. With several sizes, each step's peak
+RSS at the largest size against the smallest.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ def store_at(root: Path, fmt: str, name: str) -> Path | str:
     return f"s3://{S3_BUCKET}/{root.name}/{name}.{fmt}"
 
 
-def one_size(fmt: str, rows: int, model: Path) -> list[dict[str, Any]]:
+def one_size(fmt: str, rows: int, model: Path, nights: int) -> list[dict[str, Any]]:
     root = WORK / f"{fmt}-{rows}"
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -201,11 +202,13 @@ def one_size(fmt: str, rows: int, model: Path) -> list[dict[str, Any]]:
     step("verify", "verify", str(store))
     step("open + read", "open", str(store))
     step("gc --keep 1", "gc", str(store), "--keep", "1")
-    for night in range(2, 6):  # five nightly updates in all, then gc
+    if nights < 2:
+        return steps
+    for night in range(2, nights + 1):  # `nights` nightly updates in all, then gc
         ids, texts = grown(len(texts), texts, night)
         write_input(source, ids, texts)
         step(f"update {night}", "extract", str(job), "--incremental", "-q")
-    step("gc after 5", "gc", str(store), "--keep", "1")
+    step("gc after nights", "gc", str(store), "--keep", "1")
     fresh = store_at(root, fmt, "fresh")  # a store of the same rows, made in one run
     figures = measure("extract", str(job_file(root, fmt, source, model, rows, "fresh")), "-q")
     if S3 is not None:  # counted apart, or the next format's first step would get them
@@ -219,6 +222,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--formats", nargs="+", default=["icechunk", "parquet", "delta"])
+    parser.add_argument("--nights", type=int, default=5,
+                        help="nightly updates before the last gc and the fresh store "
+                        "(1: the first update, no-op, verify, open and gc only)")
     parser.add_argument("--s3", action="store_true",
                         help="stores on a loopback S3 endpoint; bytes uploaded per step")
     args = parser.parse_args()
@@ -243,6 +249,14 @@ def with_s3(args: argparse.Namespace) -> None:
         run(args)
 
 
+def _after_nights(by: dict[str, dict[str, Any]], nights: int) -> str:
+    if nights < 2:
+        return ""
+    after, fresh = by["gc after nights"]["store_mb"], by["fresh store"]["store_mb"]
+    return (f"; after {nights} updates and gc {after:.1f} MB, {after / fresh:.2f}x a fresh "
+            "store of the same rows")
+
+
 def run(args: argparse.Namespace) -> None:
     model = make_tiny_model(WORK / "tiny-bert")
     flags = sorted({f for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -254,7 +268,7 @@ def run(args: argparse.Namespace) -> None:
     results = []
     for rows in args.rows:
         for fmt in args.formats:
-            results += one_size(fmt, rows, model)
+            results += one_size(fmt, rows, model, args.nights)
     for fmt in args.formats:
         for rows in args.rows:
             by = {r["step"]: r for r in results if r["format"] == fmt and r["rows"] == rows}
@@ -266,9 +280,15 @@ def run(args: argparse.Namespace) -> None:
                   f"{update['wall_s'] / full['wall_s']:.1%} of its wall time; no-op update "
                   f"{by['no-op update']['wall_s']:.1f}s; store after "
                   f"gc {by['gc --keep 1']['store_mb'] / full['store_mb']:.2f}x the full run's;"
-                  f" after five updates and gc {by['gc after 5']['store_mb']:.1f} MB, "
-                  f"{by['gc after 5']['store_mb'] / by['fresh store']['store_mb']:.2f}x a fresh "
-                  "store of the same rows")
+                  f" peak RSS: full run {full['rss_mb']:.0f} MB, update "
+                  f"{update['rss_mb']:.0f} MB" + _after_nights(by, args.nights))
+    if len(args.rows) > 1:
+        small, large = min(args.rows), max(args.rows)
+        for fmt in args.formats:
+            rss = {(r["rows"], r["step"]): r["rss_mb"] for r in results if r["format"] == fmt}
+            print(f"{fmt} peak RSS at {large:,} rows against {small:,}: " + ", ".join(
+                f"{step} {rss[large, step] / rss[small, step]:.2f}x"
+                for step in ("full run", "update", "no-op update", "verify", "open + read")))
     name = "results-s3.json" if S3 is not None else "results.json"
     (WORK / name).write_text(json.dumps(results, indent=1))
 
