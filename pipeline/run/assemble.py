@@ -30,6 +30,7 @@ BLOCK_ROWS = 32768  # rows per staged part of the new version (a Parquet row gro
 DOC_FIELDS = ("n_tokens", "n_chunks", "truncated", "status", "n_unk", "n_words",
               "n_fragmented")
 CHUNK_FIELDS = ("seq", "start", "end", "n_tokens")
+NEAR_ROWS = 4096  # rows read beyond those asked for, rather than gathering row by row
 
 # A post-processed view: (the view it derives from, its fitted transform).
 Derived = dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]]
@@ -220,8 +221,8 @@ def _chunks_block(a: Assembly, rows: np.ndarray, docs: pa.Table,
 def _gather(a: Assembly, level: str, name: str, from_store: np.ndarray,
             source: np.ndarray) -> np.ndarray:
     """Values of `name` for rows taken from the store (`from_store`) or the delta."""
-    stored = _level(a.store, level)[name].data
-    parts = [(from_store, np.asarray(stored[source[from_store]]))]
+    stored = _level(a.store, level)[name]
+    parts = [(from_store, rows_of(stored, source[from_store]))]
     if a.delta is not None and (~from_store).any():
         parts.append((~from_store, _delta_values(a, level, name, source[~from_store])))
     shape = (len(source), *stored.shape[1:])
@@ -236,12 +237,25 @@ def _delta_values(a: Assembly, level: str, name: str, rows: np.ndarray) -> np.nd
     the store's fitted parameters (so unchanged rows and new ones share one transform)."""
     assert a.delta is not None
     if name not in a.derived:
-        return np.asarray(_level(a.delta, level)[name].data[rows])
+        return rows_of(_level(a.delta, level)[name], rows)
     source, transform = a.derived[name]
-    base = (np.asarray(_level(a.delta, level)[source].data[rows]) if source == name
+    base = (rows_of(_level(a.delta, level)[source], rows) if source == name
             else _delta_values(a, level, source, rows))
     stored = _level(a.store, level)[name]
     return transform(base.astype(np.float64)).astype(stored.dtype)
+
+
+def rows_of(array: xr.DataArray, rows: np.ndarray) -> np.ndarray:
+    """`array`'s values at `rows` of its first dimension. Rows a block of the new version
+    takes from one source are mostly consecutive: one read of the range they span (each
+    stored chunk read once, concurrently) instead of a gather of each row, unless they lie
+    far apart (copies of identical texts anywhere in the store)."""
+    if len(rows) == 0:
+        return np.asarray(array[:0].values)
+    lo, hi = int(rows.min()), int(rows.max()) + 1
+    if hi - lo <= 2 * len(rows) + NEAR_ROWS:
+        return np.asarray(array[lo:hi].values)[rows - lo]
+    return np.asarray(array[rows].values)
 
 
 def _level(source: Source, level: str) -> xr.Dataset:
@@ -257,8 +271,7 @@ def _stored(docs: xr.Dataset, name: str, rows: np.ndarray) -> pa.Array | None:
         return None
     if name not in docs.variables:
         return pa.nulls(len(rows))
-    values = np.asarray(docs[name].data[rows]) if name != "id" \
-        else np.asarray(docs["id"].values)[rows]
+    values = rows_of(docs[name], rows) if name != "id" else np.asarray(docs["id"].values)[rows]
     return pa.array(values, from_pandas=True)
 
 

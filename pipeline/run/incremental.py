@@ -83,7 +83,8 @@ def run_incremental(ctx: RunContext, executor: Executor | None, on_done: OnDone 
         return summary
     executor = executor or executor_for(job, say)
     with executor, output:
-        store = open_store_data(opened.path)  # under the lock: the version this run builds on
+        # under the lock: the version this run builds on; read by ranges, without dask
+        store = open_store_data(opened.path, dask=False)
         changes = compare(job.input, ctx.parts, StoreRows.of(store.docs, store.path), prune)
         say(f"incremental: {changes.added} new, {changes.replaced} changed, "
             f"{changes.unchanged} unchanged, {changes.gone} gone; {changes.encoded} texts "

@@ -483,18 +483,23 @@ def _array_for(group: Any, name: str, sample: np.ndarray, n: int, dim: str,
 
 
 def _write_changed(array: Any, offset: int, values: np.ndarray) -> None:
-    """Write `values` at rows offset.. chunk by chunk, skipping chunks already equal."""
+    """Write `values` at rows offset.. (a chunk boundary), only the chunks not already
+    equal: the range is read in one call and the changed chunks written in one, so that
+    zarr reads and writes the chunks concurrently (one call per chunk cost 1.3 ms each in
+    hand-offs to zarr's loop: 17 of an update's 43 seconds at 100k rows)."""
     rows = ICECHUNK_ROWS_PER_CHUNK
-    for start in range(0, len(values), rows):
+    try:
+        held: np.ndarray | None = np.asarray(array[offset : offset + len(values)])
+    except (ValueError, KeyError):
+        held = None
+    changed = [start for start in range(0, len(values), rows) if held is None
+               or not _equal(held[start : start + rows], values[start : start + rows])]
+
+    async def write(start: int) -> None:
         block = values[start : start + rows]
-        at = offset + start
-        try:
-            held = array[at : at + len(block)]
-        except (ValueError, KeyError):
-            held = None
-        if held is not None and _equal(np.asarray(held), block):
-            continue
-        array[at : at + len(block)] = block
+        await array.async_array.setitem(slice(offset + start, offset + start + len(block)), block)
+
+    _each_key(write, changed)
 
 
 def _equal(held: np.ndarray, new: np.ndarray) -> bool:
@@ -508,19 +513,22 @@ def _equal(held: np.ndarray, new: np.ndarray) -> bool:
 # keys asked of the store at once: enough to hide each lookup's latency (a round trip on an
 # object store), few enough that reading chunks for their sums holds only this many at a time
 KEYS_IN_FLIGHT = 64
+K = TypeVar("K")
 T = TypeVar("T")
 
 
-def _each_key(ask: Callable[[str], Awaitable[T]], rels: Iterable[str]) -> dict[str, T]:
+def _each_key(ask: Callable[[K], Awaitable[T]], rels: Iterable[K]) -> dict[K, T]:
     """`ask` of every key in one call into zarr's event loop (one hand-off to it per key
     costs about 1 ms, more than Icechunk's own lookup: 10 s for 10,000 chunk keys), at most
     KEYS_IN_FLIGHT at a time."""
     keys = list(rels)
+    if not keys:
+        return {}
 
     async def each() -> list[T]:
         gate = asyncio.Semaphore(KEYS_IN_FLIGHT)
 
-        async def one(rel: str) -> T:
+        async def one(rel: K) -> T:
             async with gate:
                 return await ask(rel)
 
