@@ -128,7 +128,9 @@ def job_file(root: Path, fmt: str, source: Path, model: Path, rows: int,
                      "max": {"pooling": "max"}},
            "output": {"path": str(store_at(root, fmt, name)), "format": fmt},
            "execution": {"scheduler": "synchronous",
-                         "partition_rows": max(1000, min(rows // 8, 50_000))}}
+                         # at most 12,500 rows: peak memory follows the partition's size,
+                         # which a job chooses whatever its table's size
+                         "partition_rows": max(1000, min(rows // 8, 12_500))}}
     path = root / f"job-{name}-{fmt}.yaml"
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     return path
