@@ -199,6 +199,7 @@ class DeltaFormat(ParquetFormat):
         self._heads: dict[str, int] | None = None
         self._pending: dict[str, _Pending] = {}
         self._written: dict[str, FileSum] = {}
+        self._snapshots: dict[tuple[str, int], DeltaTable | None] = {}
 
     @classmethod
     def holds_store(cls, path: str) -> bool:
@@ -231,7 +232,16 @@ class DeltaFormat(ParquetFormat):
         return self._pins.get(level)
 
     def _state(self, level: str) -> DeltaTable | None:
-        return self._table(level, self._read_version(level))
+        """The level's table as this handle reads it, for reading only. A version once
+        committed never changes, so a pinned one is loaded once per handle (each load
+        replays the table's log: on an object store a request per commit since the last
+        checkpoint, and an update asked for it some thirty times)."""
+        version = self._read_version(level)
+        if version is None:
+            return self._table(level)
+        if (level, version) not in self._snapshots:
+            self._snapshots[level, version] = self._table(level, version)
+        return self._snapshots[level, version]
 
     def _files(self, level: str) -> list[_DataFile]:
         """The level's data files as this handle reads them, pending changes applied, in
