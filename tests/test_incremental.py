@@ -1038,22 +1038,23 @@ def test_parquet_on_an_object_store_is_refused_up_front(tmp_path: Path, tiny_ber
         "output.format: icechunk or delta, or run the job in full (--overwrite)"]
 
 
-@pytest.mark.parametrize("near", [0, 4096])
+@pytest.mark.parametrize(("near", "runs"), [(0, 1), (0, 256), (4096, 256)])
 @pytest.mark.parametrize("lazy", ["dask", "numpy"])
-def test_rows_of_a_stored_array_by_range_or_row_by_row(near: int, lazy: str,
+def test_rows_of_a_stored_array_by_range_or_row_by_row(near: int, runs: int, lazy: str,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The rows the new version copies from the store, read by one range (near rows) or
-    row by row (far apart), are those rows, in the order asked, repeats included."""
+    """The rows the new version copies from the store, read by ranges (near rows: one) or
+    row by row (in too many runs), are those rows, in the order asked, repeats included."""
     import dask.array as da
     import xarray as xr
 
     from pipeline.run import assemble
 
     monkeypatch.setattr(assemble, "NEAR_ROWS", near)
+    monkeypatch.setattr(assemble, "MAX_RUNS", runs)
     values = np.arange(3000 * 4, dtype=np.float32).reshape(3000, 4)
     data = da.from_array(values, chunks=(256, 4)) if lazy == "dask" else values
     array = xr.DataArray(data, dims=("doc", "dim"))
     rng = np.random.default_rng(0)
     for rows in (rng.integers(0, 3000, 50), np.arange(100, 400), np.array([7, 7, 2999, 0]),
-                 np.array([], np.int64)):
+                 np.r_[np.arange(2000, 2300), np.arange(10, 40)], np.array([], np.int64)):
         np.testing.assert_array_equal(assemble.rows_of(array, rows), values[rows])

@@ -21,7 +21,7 @@ import xarray as xr
 from ..extract.partition import vector_array
 from ..spec import Job
 from ..stores import Layout, Staging
-from ..stores.base import StreamedVersion
+from ..stores.base import StreamedVersion, Unwritten
 from ..stores.columns import StoredColumns, string_width
 from ..stores.parquet_store import file_dataset
 from .compare import Changes
@@ -30,7 +30,8 @@ BLOCK_ROWS = 32768  # rows per staged part of the new version (a Parquet row gro
 DOC_FIELDS = ("n_tokens", "n_chunks", "truncated", "status", "n_unk", "n_words",
               "n_fragmented")
 CHUNK_FIELDS = ("seq", "start", "end", "n_tokens")
-NEAR_ROWS = 4096  # rows read beyond those asked for, rather than gathering row by row
+NEAR_ROWS = 512  # rows between two asked for that are read rather than skipped (rows_of)
+MAX_RUNS = 256  # ranges read for one column of a block before gathering row by row
 
 # A post-processed view: (the view it derives from, its fitted transform).
 Derived = dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]]
@@ -43,12 +44,13 @@ class Source:
 
     docs: xr.Dataset
     chunks: xr.Dataset | None
+    n_chunks: np.ndarray  # (rows,)
     first_chunk: np.ndarray  # (rows,)
 
     @classmethod
     def of(cls, docs: xr.Dataset, chunks: xr.Dataset | None) -> Source:
         n_chunks = np.asarray(docs["n_chunks"].values, np.int64)
-        return cls(docs, chunks, np.cumsum(n_chunks) - n_chunks)
+        return cls(docs, chunks, n_chunks, np.cumsum(n_chunks) - n_chunks)
 
     @classmethod
     def staged(cls, staging: Staging, indices: Sequence[int], has_chunks: bool) -> Source:
@@ -105,12 +107,39 @@ def streamed_version(a: Assembly, budget: int) -> tuple[StreamedVersion, dict[st
     vector_fields = [pa.field(view, _vector_type(a, view)) for view in a.views]
     levels = ["docs"] + (["chunks"] if has_chunks else [])
     rows = {"docs": a.changes.rows, "chunks": stats.counts["chunks"]}
+    kept = _kept(a)
+    # n_chunks is not among them: each block reads it to lay out its chunks
+    results = {"docs": frozenset((*DOC_FIELDS, *a.views)) - {"n_chunks"},
+               "chunks": frozenset(("doc", *CHUNK_FIELDS, *a.views))}
+
+    def blocks(unwritten: Unwritten) -> Iterator[dict[str, pa.Table | None]]:
+        return ({"docs": docs, "chunks": chunks}
+                for docs, chunks in _blocks(a, True, unwritten))
+
     streamed = StreamedVersion(
         rows={level: rows[level] for level in levels},
         columns={level: found[level].columns(vector_fields) for level in levels},
         widths={level: found[level].widths for level in levels},
-        blocks=({"docs": docs, "chunks": chunks} for docs, chunks in _blocks(a, True)))
+        kept={level: kept[level] for level in levels},
+        results={level: results[level] for level in levels}, blocks=blocks)
     return streamed, stats.counts
+
+
+def _kept(a: Assembly) -> dict[str, np.ndarray]:
+    """Rows of the new version whose results are the current version's at the same row:
+    a document taken from the store row it is at; a chunk of such a document whose chunks
+    start where they started (no document before it gained or lost chunks)."""
+    c = a.changes
+    at = np.arange(c.rows)
+    docs = c.from_store & (c.source == at)
+    counts = np.zeros(c.rows, np.int64)
+    counts[c.from_store] = a.store.n_chunks[c.source[c.from_store]]
+    if a.delta is not None:
+        counts[~c.from_store] = a.delta.n_chunks[c.source[~c.from_store]]
+    first = np.cumsum(counts) - counts
+    in_place = docs.copy()
+    in_place[docs] = first[docs] == a.store.first_chunk[at[docs]]
+    return {"docs": docs, "chunks": np.repeat(in_place, counts)}
 
 
 class _Stats:
@@ -156,18 +185,43 @@ def _vector_type(a: Assembly, view: str) -> pa.DataType:
     return vector_array(np.zeros((0, width)), a.job.output.dtype).type
 
 
-def _blocks(a: Assembly, with_views: bool) -> Iterator[tuple[pa.Table, pa.Table | None]]:
-    """The new version's docs and chunks, BLOCK_ROWS documents at a time, in row order."""
+def _blocks(a: Assembly, with_views: bool, unwritten: Unwritten | None = None
+            ) -> Iterator[tuple[pa.Table, pa.Table | None]]:
+    """The new version's docs and chunks, BLOCK_ROWS documents at a time, in row order;
+    `unwritten` cells hold zeros, unread (see StreamedVersion)."""
     has_chunks = "chunks" in a.job.output.levels
     n = a.changes.rows
+    chunk_at = 0  # the new version's first chunk row of the block
     for start in range(0, max(n, 1), BLOCK_ROWS):
         rows = np.arange(start, min(start + BLOCK_ROWS, n))
-        docs = _docs_block(a, rows, with_views)
-        yield docs, _chunks_block(a, rows, docs, with_views) if has_chunks else None
+        docs = _docs_block(a, rows, with_views, _Unread(unwritten, "docs", start))
+        chunks = None
+        if has_chunks:
+            chunks = _chunks_block(a, rows, docs, with_views,
+                                   _Unread(unwritten, "chunks", chunk_at))
+            chunk_at += chunks.num_rows
+        yield docs, chunks
 
 
-def _docs_block(a: Assembly, rows: np.ndarray, with_views: bool = True) -> pa.Table:
+class _Unread:
+    """Which cells of one level's block are not read (left to zeros): those of the
+    `unwritten` columns on the rows its writer leaves as they are."""
+
+    def __init__(self, unwritten: Unwritten | None, level: str, first_row: int):
+        columns, rows = (unwritten or {}).get(level, (frozenset(), np.zeros(0, bool)))
+        self.columns, self.rows, self.first_row = columns, rows, first_row
+
+    def of(self, name: str, n: int) -> np.ndarray | None:
+        """The block's rows of column `name` left unread (None: all are read)."""
+        if name not in self.columns:
+            return None
+        return self.rows[self.first_row : self.first_row + n]
+
+
+def _docs_block(a: Assembly, rows: np.ndarray, with_views: bool = True,
+                unread: _Unread | None = None) -> pa.Table:
     c = a.changes
+    unread = unread or _Unread(None, "docs", 0)
     from_store, source = c.from_store[rows], c.source[rows]
     input_row, store_row = c.input_row[rows], c.store_row[rows]
     has_input = input_row >= 0
@@ -176,7 +230,8 @@ def _docs_block(a: Assembly, rows: np.ndarray, with_views: bool = True) -> pa.Ta
     columns: dict[str, pa.Array] = {"row": pa.array(rows.astype(np.int64))}
     columns["id"] = _combine(has_input, c.inputs.ids.take(take),
                              _stored(a.store.docs, "id", gone_rows))
-    fields = {name: _gather(a, "docs", name, from_store, source) for name in DOC_FIELDS}
+    fields = {name: _gather(a, "docs", name, from_store, source, unread.of(name, len(rows)))
+              for name in DOC_FIELDS}
     columns["n_tokens"] = pa.array(fields["n_tokens"].astype(np.int64))
     columns["n_chunks"] = pa.array(fields["n_chunks"].astype(np.int64))
     columns["truncated"] = pa.array(fields["truncated"].astype(bool))
@@ -191,13 +246,15 @@ def _docs_block(a: Assembly, rows: np.ndarray, with_views: bool = True) -> pa.Ta
     columns["present"] = pa.array(has_input)
     dtype = a.job.output.dtype
     for view in a.views if with_views else ():
-        columns[view] = vector_array(_gather(a, "docs", view, from_store, source), dtype)
+        columns[view] = vector_array(_gather(a, "docs", view, from_store, source,
+                                             unread.of(view, len(rows))), dtype)
     return pa.table(columns)
 
 
 def _chunks_block(a: Assembly, rows: np.ndarray, docs: pa.Table,
-                  with_views: bool = True) -> pa.Table:
+                  with_views: bool = True, unread: _Unread | None = None) -> pa.Table:
     """The chunks of `rows`, in row order, each document's copied from its source."""
+    unread = unread or _Unread(None, "chunks", 0)
     from_store, source = a.changes.from_store[rows], a.changes.source[rows]
     counts = docs.column("n_chunks").to_numpy()
     first = np.zeros(len(rows), np.int64)
@@ -209,24 +266,28 @@ def _chunks_block(a: Assembly, rows: np.ndarray, docs: pa.Table,
     chunk_source = first[row_of] + within
     chunk_from_store = from_store[row_of]
     columns: dict[str, pa.Array] = {"doc": pa.array(rows[row_of].astype(np.int64))}
+    n = len(chunk_source)
     for name in CHUNK_FIELDS:
-        values = _gather(a, "chunks", name, chunk_from_store, chunk_source)
+        values = _gather(a, "chunks", name, chunk_from_store, chunk_source, unread.of(name, n))
         columns[name] = pa.array(values.astype(np.int64))
     for view in a.views if with_views else ():
-        values = _gather(a, "chunks", view, chunk_from_store, chunk_source)
+        values = _gather(a, "chunks", view, chunk_from_store, chunk_source, unread.of(view, n))
         columns[view] = vector_array(values, a.job.output.dtype)
     return pa.table(columns)
 
 
 def _gather(a: Assembly, level: str, name: str, from_store: np.ndarray,
-            source: np.ndarray) -> np.ndarray:
-    """Values of `name` for rows taken from the store (`from_store`) or the delta."""
+            source: np.ndarray, unread: np.ndarray | None = None) -> np.ndarray:
+    """Values of `name` for rows taken from the store (`from_store`) or the delta; zeros
+    on `unread` rows (store rows whose writer leaves them as they are)."""
     stored = _level(a.store, level)[name]
-    parts = [(from_store, rows_of(stored, source[from_store]))]
+    read = from_store if unread is None else from_store & ~unread
+    parts = [(read, rows_of(stored, source[read]))]
     if a.delta is not None and (~from_store).any():
         parts.append((~from_store, _delta_values(a, level, name, source[~from_store])))
     shape = (len(source), *stored.shape[1:])
-    out = np.empty(shape, dtype=parts[0][1].dtype if from_store.any() else parts[-1][1].dtype)
+    dtype = parts[0][1].dtype if from_store.any() else parts[-1][1].dtype
+    out = np.zeros(shape, dtype) if unread is not None else np.empty(shape, dtype)
     for mask, values in parts:
         out[mask] = values
     return out
@@ -246,16 +307,23 @@ def _delta_values(a: Assembly, level: str, name: str, rows: np.ndarray) -> np.nd
 
 
 def rows_of(array: xr.DataArray, rows: np.ndarray) -> np.ndarray:
-    """`array`'s values at `rows` of its first dimension. Rows a block of the new version
-    takes from one source are mostly consecutive: one read of the range they span (each
-    stored chunk read once, concurrently) instead of a gather of each row, unless they lie
-    far apart (copies of identical texts anywhere in the store)."""
+    """`array`'s values at `rows` of its first dimension. The rows a block takes from one
+    source lie in runs (consecutive store rows, less those a writer leaves alone): each
+    run is read as one range, runs less than NEAR_ROWS apart as one (a range read costs
+    a quarter of a gather of the same rows); rows in more than MAX_RUNS runs (copies of
+    identical texts all over the store) are gathered."""
     if len(rows) == 0:
         return np.asarray(array[:0].values)
-    lo, hi = int(rows.min()), int(rows.max()) + 1
-    if hi - lo <= 2 * len(rows) + NEAR_ROWS:
-        return np.asarray(array[lo:hi].values)[rows - lo]
-    return np.asarray(array[rows].values)
+    distinct = np.unique(rows)
+    starts = distinct[np.r_[0, np.flatnonzero(np.diff(distinct) > NEAR_ROWS) + 1]]
+    if len(starts) > MAX_RUNS:
+        return np.asarray(array[rows].values)
+    ends = distinct[np.r_[np.flatnonzero(np.diff(distinct) > NEAR_ROWS), len(distinct) - 1]] + 1
+    values = np.concatenate([np.asarray(array[int(a) : int(b)].values)
+                             for a, b in zip(starts, ends, strict=True)])
+    run = np.searchsorted(starts, rows, side="right") - 1
+    before = np.r_[0, np.cumsum(ends - starts)[:-1]]
+    return values[before[run] + rows - starts[run]]
 
 
 def _level(source: Source, level: str) -> xr.Dataset:

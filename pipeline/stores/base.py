@@ -73,16 +73,29 @@ class StagedLevel:
         return cls(level, rows, columns, [staging.part(i, level) for i in indices], parts)
 
 
+# Per level: columns a writer leaves as they are, and the rows where it does (see below).
+Unwritten = dict[str, tuple[frozenset[str], np.ndarray]]
+
+
 @dataclass
 class StreamedVersion:
     """A new version given block by block (for a format that updates its arrays in place,
     so that nothing is staged): each level's rows, column types and longest strings, known
-    before the first block, then the blocks in row order (level -> table)."""
+    before the first block, then the blocks in row order (level -> table).
+
+    `kept[level]` marks the rows whose `results[level]` columns (a row's encoded results:
+    vectors, counts) are by construction those of the current version's row at the same
+    position. A writer that leaves some of those columns untouched on some kept rows (its
+    chunks holding nothing but kept rows) says so when it asks for the blocks:
+    `blocks(unwritten)`; those cells of the blocks are then not read from the current
+    version and hold zeros, so that an update reads and writes what changed."""
 
     rows: dict[str, int]
     columns: dict[str, StoredColumns]
     widths: dict[str, dict[str, int]]
-    blocks: Iterator[dict[str, pa.Table | None]]
+    kept: dict[str, np.ndarray]
+    results: dict[str, frozenset[str]]
+    blocks: Callable[[Unwritten], Iterator[dict[str, pa.Table | None]]]
 
 
 class StoreFormat(ABC):

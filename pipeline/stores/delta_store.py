@@ -497,7 +497,7 @@ class DeltaFormat(ParquetFormat):
         self._begin_write()
         keys = _RowKeys.of(self)
         patches = {level: _LevelPatch(self, level, keys.next) for level in streamed.rows}
-        for block in streamed.blocks:
+        for block in streamed.blocks({}):  # every file of a changed row is read whole
             docs = block["docs"]
             assert docs is not None  # every block has its documents
             docs = streamed.columns["docs"].conform(docs)
