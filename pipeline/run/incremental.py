@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from ..errors import JobError, StoreError
 from ..extract.source import Partition, plan_partitions
-from ..io.location import Location
+from ..io.location import Location, resolve
 from ..post.apply import load_transform
 from ..spec import InputSpec, Job
 from ..stores import Staging, store_at
@@ -69,22 +69,22 @@ def run_incremental(ctx: RunContext, executor: Executor | None, on_done: OnDone 
                        "store by id)")
     output = OutputSession(job.output.path, ctx.fingerprint, say)
     output.refuse_if_locked()
-    opened = _complete_store(job, say)
-    if opened is None:
+    found = _complete_store(job, say)
+    if found is None:
         return None
-    current = opened.provenance
-    check_compatible(job, ctx.model, current, opened.path)
-    summary = summary or RunSummary(opened.path)
+    path, current = found
+    check_compatible(job, ctx.model, current, path)
+    summary = summary or RunSummary(path)
     summary.incremental, summary.version = True, current.version
     if current.input_identity == ctx.identity and current.run_fingerprint == ctx.fingerprint:
         summary.already_complete = True
-        summary.rows = int(opened.docs.sizes["doc"])
+        summary.rows = int(current.stats["rows"])
         _clear_published(output, current)
         return summary
     executor = executor or executor_for(job, say)
     with executor, output:
         # under the lock: the version this run builds on; read by ranges, without dask
-        store = open_store_data(opened.path, dask=False)
+        store = open_store_data(path, dask=False)
         changes = compare(job.input, ctx.parts, StoreRows.of(store.docs, store.path), prune)
         say(f"incremental: {changes.added} new, {changes.replaced} changed, "
             f"{changes.unchanged} unchanged, {changes.gone} gone; {changes.encoded} texts "
@@ -103,8 +103,10 @@ def run_incremental(ctx: RunContext, executor: Executor | None, on_done: OnDone 
     return _summarised(summary, provenance, changes, ctx.started)
 
 
-def _complete_store(job: Job, say: Callable[[str], None]) -> StoreData | None:
-    """The complete store at output.path, or None when the job must run in full."""
+def _complete_store(job: Job, say: Callable[[str], None]) -> tuple[str, Provenance] | None:
+    """The complete store at output.path (as it is opened) and its provenance, or None
+    when the job must run in full. Only the provenance is read: a run with nothing to do
+    opens no data (at a million rows, opening it took half a minute)."""
     path = job.output.path
     contents = inspect_output(path)
     if contents.state in ("absent", "empty"):
@@ -113,9 +115,12 @@ def _complete_store(job: Job, say: Callable[[str], None]) -> StoreData | None:
     fmt = store_at(path, contents.format or job.output.format)
     if contents.state == "store":
         fmt.recover()  # an update killed in its switch: finish publishing it
-    if contents.state != "store" or not is_complete(fmt.record()):
+    raw = fmt.record()
+    if contents.state != "store" or not is_complete(raw) or raw is None or not raw.get("job"):
         return None  # the full run refuses, resumes or replaces it by its own rules
-    return open_store_data(path)
+    location = resolve(path)
+    opened = path if location.local else location.url
+    return opened, Provenance.from_dict(raw, opened)
 
 
 def _summarised(summary: RunSummary, provenance: Provenance, changes: Changes,
