@@ -520,14 +520,14 @@ def _array_for(group: Any, name: str, sample: np.ndarray, n: int, dim: str,
 
 def _write_changed(array: Any, offset: int, values: np.ndarray,
                    left: np.ndarray | None = None) -> None:
-    """Write `values` at rows offset.. (a chunk boundary), only the chunks not already
-    equal, skipping those `left` marks whole (equal by construction: not even read). The
-    chunks are read, then the changed ones written, each set in one call into zarr's
-    loop, concurrently (one call per chunk cost 1.3 ms each in hand-offs: 17 of an
-    update's 43 seconds at 100k rows)."""
+    """Write `values` at rows offset.. (a chunk boundary), only the chunks that change.
+    For a result column (`left` given) that is known without reading: a chunk `left`
+    marks whole is equal by construction (skipped), any other holds a row whose results
+    are new or moved (written). Any other column is compared with what is stored. Chunks
+    are read, then written, each set in one call into zarr's loop, concurrently (one call
+    per chunk cost 1.3 ms each in hand-offs: 17 of an update's 43 seconds at 100k rows)."""
     rows = ICECHUNK_ROWS_PER_CHUNK
-    starts = [start for start in range(0, len(values), rows)
-              if left is None or not left[start]]
+    starts = range(0, len(values), rows)
 
     async def held(start: int) -> np.ndarray | None:
         try:
@@ -541,9 +541,12 @@ def _write_changed(array: Any, offset: int, values: np.ndarray,
         block = values[start : start + rows]
         await array.async_array.setitem(slice(offset + start, offset + start + len(block)), block)
 
-    stored = _each_key(held, starts)
-    changed = [start for start, was in stored.items()
-               if was is None or not _equal(was, values[start : start + rows])]
+    if left is not None:
+        changed = [start for start in starts if not left[start]]
+    else:
+        stored = _each_key(held, starts)
+        changed = [start for start, was in stored.items()
+                   if was is None or not _equal(was, values[start : start + rows])]
     _each_key(write, changed)
 
 
