@@ -1058,3 +1058,22 @@ def test_rows_of_a_stored_array_by_range_or_row_by_row(near: int, runs: int, laz
     for rows in (rng.integers(0, 3000, 50), np.arange(100, 400), np.array([7, 7, 2999, 0]),
                  np.r_[np.arange(2000, 2300), np.arange(10, 40)], np.array([], np.int64)):
         np.testing.assert_array_equal(assemble.rows_of(array, rows), values[rows])
+
+
+def test_digests_compared_as_32_bytes_read_back_as_the_stored_hex() -> None:
+    """The comparison's binary digests are the texts' SHA-256 (hashlib, an independent
+    oracle), and convert back to exactly the hex a store keeps, sliced or chunked."""
+    import hashlib
+
+    from pipeline.extract.texthash import text_sha256, text_sha256_bytes
+    from pipeline.run.compare import DIGEST, from_hex, to_hex
+
+    texts = ["a review", "", None, "naïve café ☕", "a review"]
+    oracle = [hashlib.sha256((t or "").encode()).hexdigest() for t in texts]
+    assert text_sha256(texts) == oracle
+    binary = pa.array(text_sha256_bytes(texts), DIGEST)
+    assert from_hex(pa.array(oracle)).equals(binary)
+    assert to_hex(binary).to_pylist() == oracle
+    assert to_hex(binary.slice(1, 3)).to_pylist() == oracle[1:4]
+    assert to_hex(pa.chunked_array([binary.slice(0, 2), binary.slice(2)])).to_pylist() == oracle
+    assert to_hex(binary.slice(0, 0)).to_pylist() == []

@@ -18,9 +18,14 @@ NULL_TEXT = ""
 
 def text_sha256(texts: Sequence[str | None]) -> list[str]:
     """Hex SHA-256 of each text's UTF-8 bytes (a null text as the empty string)."""
+    return [digest.hex() for digest in text_sha256_bytes(texts)]
+
+
+def text_sha256_bytes(texts: Sequence[str | None]) -> list[bytes]:
+    """SHA-256 of each text's UTF-8 bytes, 32 bytes each (half the memory of hex)."""
     return [hashlib.sha256((t if t is not None else NULL_TEXT).encode("utf-8",
                                                                       "surrogatepass"))
-            .hexdigest() for t in texts]
+            .digest() for t in texts]
 
 
 def unique_texts(texts: Sequence[str | None]) -> tuple[list[str | None], np.ndarray]:

@@ -24,7 +24,7 @@ from ..stores import Layout, Staging
 from ..stores.base import StreamedVersion, Unwritten
 from ..stores.columns import StoredColumns, string_width
 from ..stores.parquet_store import file_dataset
-from .compare import Changes
+from .compare import Changes, to_hex
 
 BLOCK_ROWS = 32768  # rows per staged part of the new version (a Parquet row group)
 DOC_FIELDS = ("n_tokens", "n_chunks", "truncated", "status", "n_unk", "n_words",
@@ -241,7 +241,7 @@ def _docs_block(a: Assembly, rows: np.ndarray, with_views: bool = True,
                                  _stored(a.store.docs, name, gone_rows))
     for name in ("n_unk", "n_words", "n_fragmented"):  # vocabulary fit, as a full run
         columns[name] = pa.array(fields[name].astype(np.int64))
-    columns["text_sha256"] = _combine(has_input, c.inputs.digests.take(take),
+    columns["text_sha256"] = _combine(has_input, to_hex(c.inputs.digests.take(take)),
                                       _stored(a.store.docs, "text_sha256", gone_rows))
     columns["present"] = pa.array(has_input)
     dtype = a.job.output.dtype

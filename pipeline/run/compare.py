@@ -20,8 +20,28 @@ import xarray as xr
 
 from ..errors import InputError, StoreError
 from ..extract.source import Partition, read_partition
-from ..extract.texthash import text_sha256
+from ..extract.texthash import text_sha256_bytes
 from ..spec import InputSpec
+
+DIGEST = pa.binary(32)  # a text's SHA-256 while comparing (stored as hex)
+READ_ROWS = 65536  # the store's digests are read and converted this many at a time
+
+
+def from_hex(hexes: pa.Array) -> pa.Array:
+    """Hex digests as binary(32) (a null, which no stored row has, as 32 zero bytes)."""
+    joined = "".join(pc.fill_null(hexes, "0" * 64).to_pylist())
+    return pa.FixedSizeBinaryArray.from_buffers(DIGEST, len(hexes),
+                                                [None, pa.py_buffer(bytes.fromhex(joined))])
+
+
+def to_hex(digests: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """binary(32) digests as the hex strings a store keeps."""
+    if isinstance(digests, pa.ChunkedArray):
+        digests = digests.combine_chunks()
+    n = len(digests)
+    raw = digests.buffers()[1].to_pybytes()[digests.offset * 32 : (digests.offset + n) * 32]
+    offsets = pa.py_buffer(np.arange(0, 64 * n + 1, 64, dtype=np.int32).tobytes())
+    return pa.StringArray.from_buffers(n, offsets, pa.py_buffer(raw.hex().encode()))
 
 
 @dataclass
@@ -29,7 +49,7 @@ class StoreRows:
     """What the comparison needs of the store's current version, in store order."""
 
     ids: pa.Array
-    digests: pa.Array  # hex SHA-256 of each row's text
+    digests: pa.Array  # SHA-256 of each row's text, binary(32)
     present: np.ndarray  # bool
 
     @classmethod
@@ -39,7 +59,12 @@ class StoreRows:
                              "older bertpipe), so an incremental run cannot tell which rows "
                              "changed; rebuild it once with --overwrite")
         ids = pa.array(np.asarray(docs["id"].values))
-        digests = pa.array(np.asarray(docs["text_sha256"].values), pa.string())
+        stored = docs["text_sha256"]
+        n = stored.sizes["doc"]
+        # read block by block: a block's hex strings as Python objects are 4x their size
+        digests = pa.chunked_array([
+            from_hex(pa.array(np.asarray(stored[i : i + READ_ROWS].values), pa.string()))
+            for i in range(0, n, READ_ROWS)], DIGEST).combine_chunks()
         return cls(ids, digests, np.asarray(docs["present"].values, dtype=bool))
 
     def __len__(self) -> int:
@@ -51,7 +76,7 @@ class InputRows:
     """The input as the new version needs it: ids, text digests and carried columns."""
 
     ids: pa.ChunkedArray
-    digests: pa.ChunkedArray
+    digests: pa.ChunkedArray  # binary(32)
     carry: pa.Table
 
 
@@ -64,7 +89,7 @@ class Changes:
     input_row: np.ndarray  # (R,) int64: row of the input, -1 for a kept row whose id is gone
     store_row: np.ndarray  # (R,) int64: row of the store it was, -1 for a new id
     inputs: InputRows
-    delta_digests: list[str] = field(default_factory=list)  # distinct texts to encode
+    delta_digests: list[bytes] = field(default_factory=list)  # distinct texts to encode
     delta_texts: list[str | None] = field(default_factory=list)
     added: int = 0
     replaced: int = 0
@@ -91,13 +116,13 @@ def compare(spec: InputSpec, parts: Sequence[Partition], store: StoreRows,
     """Read the input partition by partition (ids, texts, carried columns) and decide, row
     by row, what the new version holds and what must be encoded."""
     ids, digests, carry = [], [], []
-    delta: dict[str, int] = {}  # digest -> row of the delta
+    delta: dict[bytes, int] = {}  # digest -> row of the delta
     delta_texts: list[str | None] = []
     store_ids = store.ids
     for part in parts:
         rows = read_partition(spec, part)
         part_ids = _ids_like(rows.ids, store_ids, spec)
-        part_digests = pa.array(text_sha256(rows.texts), pa.string())
+        part_digests = pa.array(text_sha256_bytes(rows.texts), DIGEST)
         at = pc.index_in(part_ids, value_set=store_ids)
         known = pc.fill_null(pc.equal(store.digests.take(at), part_digests), False)
         held = pc.is_in(part_digests, value_set=store.digests)  # an identical text is stored
@@ -111,18 +136,18 @@ def compare(spec: InputSpec, parts: Sequence[Partition], store: StoreRows,
         digests.append(part_digests)
         carry.append(pa.table(rows.carry) if rows.carry else pa.table({}))
     inputs = InputRows(pa.chunked_array(ids, store_ids.type),
-                       pa.chunked_array(digests, pa.string()),
+                       pa.chunked_array(digests, DIGEST),
                        _concat(carry, sum(p.n_rows for p in parts)))
     _check_unique(inputs.ids, spec, parts)
     return _plan(store, inputs, delta, delta_texts, prune)
 
 
-def _plan(store: StoreRows, inputs: InputRows, delta: dict[str, int],
+def _plan(store: StoreRows, inputs: InputRows, delta: dict[bytes, int],
           delta_texts: list[str | None], prune: bool) -> Changes:
     at = _indices(pc.index_in(inputs.ids, value_set=store.ids))  # (N,) store row or -1
     copy_of = _indices(pc.index_in(inputs.digests, value_set=store.digests))
     delta_row = _indices(pc.index_in(inputs.digests,
-                                     value_set=pa.array(list(delta), pa.string())))
+                                     value_set=pa.array(list(delta), DIGEST)))
     n_store = len(store)
     input_of = np.full(n_store, -1, np.int64)  # store row -> input row
     input_of[at[at >= 0]] = np.flatnonzero(at >= 0)

@@ -173,7 +173,8 @@ def _stage_delta(run: RunContext, store: StoreData, changes: Changes, fence: Fen
     partition_rows = job.execution.partition_rows
     key = hashlib.sha256(json.dumps({
         "base_version": store.provenance.version, "fingerprint": fingerprint,
-        "partition_rows": partition_rows, "delta": changes.delta_digests}).encode()).hexdigest()
+        "partition_rows": partition_rows,
+        "delta": [d.hex() for d in changes.delta_digests]}).encode()).hexdigest()
     left = staging.run_info() or {}  # what an interrupted run left
     if not (left.get("mode") == "incremental" and left.get("delta") == key
             and delta_file.exists()):
@@ -192,7 +193,7 @@ def _stage_delta(run: RunContext, store: StoreData, changes: Changes, fence: Fen
 
 
 def _write_delta(file: Location, changes: Changes, partition_rows: int) -> None:
-    table = pa.table({"digest": pa.array(changes.delta_digests, pa.string()),
+    table = pa.table({"digest": pa.array([d.hex() for d in changes.delta_digests], pa.string()),
                       "text": pa.array(changes.delta_texts, pa.string())})
     with file.writer() as out:  # appears whole or not at all
         pq.write_table(table, out, row_group_size=max(partition_rows, 1), compression="zstd")
