@@ -6,8 +6,10 @@ cost shows, not the model's).
     python benchmarks/scale.py [--rows 10000 100000] [--formats icechunk parquet delta] [--s3]
 
 For each step: wall and CPU seconds, bytes written (the process's write accounting,
-`wchar` in /proc/self/io: every byte it wrote, staging included), peak RSS, and the store's
-size on disk after it. With `--s3` the stores live on a loopback S3 endpoint (moto, in a
+`wchar` in /proc/self/io: every byte it wrote, staging included), peak RSS and peak
+anonymous memory (sampled every 50 ms: a Parquet or Delta reader maps the store's files,
+whose pages count in RSS as page cache the kernel can drop), and the store's size on disk
+after it. With `--s3` the stores live on a loopback S3 endpoint (moto, in a
 thread of this process) and each step also reports the bytes its requests uploaded (every
 PUT and POST body: staging, data, metadata) and its requests by method; the store's size
 is then the sum of its objects. Each step is a whole `bertpipe` process; the last, `gc --keep 1`,
@@ -41,15 +43,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # Runs one bertpipe command in this process and, at exit, writes what the process cost.
 DRIVER = """
-import atexit, json, os, resource, sys, time
+import atexit, json, os, resource, sys, threading, time
 start = time.perf_counter()
+anon = [0]
+def sample():  # anonymous memory only: mapped store files are page cache, counted in RSS
+    while True:
+        for line in open("/proc/self/status"):
+            if line.startswith("RssAnon:"):
+                anon[0] = max(anon[0], int(line.split()[1]))
+        time.sleep(0.05)
+threading.Thread(target=sample, daemon=True).start()
 def report():
     io = dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())
     usage = resource.getrusage(resource.RUSAGE_SELF)
     with open(os.environ["SCALE_REPORT"], "w") as f:
         json.dump({"wall_s": time.perf_counter() - start,
                    "cpu_s": usage.ru_utime + usage.ru_stime,
-                   "written": int(io["wchar"]), "rss_mb": usage.ru_maxrss / 1024}, f)
+                   "written": int(io["wchar"]), "rss_mb": usage.ru_maxrss / 1024,
+                   "anon_mb": anon[0] / 1024}, f)
 atexit.register(report)
 if sys.argv[1] == "open":
     import numpy as np, pipeline
@@ -191,7 +202,8 @@ def one_size(fmt: str, rows: int, model: Path, nights: int) -> list[dict[str, An
             f"{n} {m}" for m, n in sorted(figures["requests"].items())) if S3 else ""
         print(f"  {fmt:<8} {rows:>8} {name:<16} wall {figures['wall_s']:7.1f}s  cpu "
               f"{figures['cpu_s']:7.1f}s  written {figures['written'] / 1e6:8.1f} MB  rss "
-              f"{figures['rss_mb']:6.0f} MB  store {disk_mb(store):7.1f} MB{uploaded}",
+              f"{figures['rss_mb']:6.0f} MB (anon {figures['anon_mb']:5.0f})  store "
+              f"{disk_mb(store):7.1f} MB{uploaded}",
               flush=True)
 
     step("full run", "extract", str(job), "-q")
@@ -287,10 +299,12 @@ def run(args: argparse.Namespace) -> None:
     if len(args.rows) > 1:
         small, large = min(args.rows), max(args.rows)
         for fmt in args.formats:
-            rss = {(r["rows"], r["step"]): r["rss_mb"] for r in results if r["format"] == fmt}
-            print(f"{fmt} peak RSS at {large:,} rows against {small:,}: " + ", ".join(
-                f"{step} {rss[large, step] / rss[small, step]:.2f}x"
-                for step in ("full run", "update", "no-op update", "verify", "open + read")))
+            for key in ("rss_mb", "anon_mb"):
+                got = {(r["rows"], r["step"]): r[key] for r in results if r["format"] == fmt}
+                print(f"{fmt} peak {'RSS' if key == 'rss_mb' else 'anonymous memory'} at "
+                      f"{large:,} rows against {small:,}: " + ", ".join(
+                          f"{step} {got[large, step] / got[small, step]:.2f}x" for step in
+                          ("full run", "update", "no-op update", "verify", "open + read")))
     name = "results-s3.json" if S3 is not None else "results.json"
     (WORK / name).write_text(json.dumps(results, indent=1))
 
