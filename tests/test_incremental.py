@@ -259,6 +259,10 @@ def test_prune_removes_gone_rows(fmt: str, tmp_path: Path, base_stores: dict[str
     assert int(store.docs.sizes["doc"]) == int(oracle.docs.sizes["doc"])
     assert_same_rows(store, oracle, ["mean", "cls"])
     assert store.provenance.history[-1].pruned == DELETED
+    # the whole store's stats, as a full run counts them (its run's own figures aside)
+    whole = ("rows", "chunks", "tokens", "tokens_covered")
+    assert {k: store.provenance.stats[k] for k in whole} == \
+        {k: oracle.provenance.stats[k] for k in whole}
 
 
 class DiesAfter(InProcessExecutor):
