@@ -99,7 +99,14 @@ def streamed_version(a: Assembly, budget: int) -> tuple[StreamedVersion, dict[st
     has_chunks = "chunks" in a.job.output.levels
     stats = _Stats(a.changes.rows)
     found = {level: _Found() for level in ("docs", "chunks")}
-    for docs, chunks in _blocks(a, with_views=False):
+    counts = _new_counts(a)
+    # the first pass needs the counts the stats sum and the strings' widths; the integer
+    # fields below are never null and their type does not depend on their values, so the
+    # store's are not read for it (zeros stand in)
+    typed_only: Unwritten = {
+        "docs": (frozenset(("n_unk", "n_words", "n_fragmented")), np.ones(len(counts), bool)),
+        "chunks": (frozenset(CHUNK_FIELDS), np.ones(int(counts.sum()), bool))}
+    for docs, chunks in _blocks(a, False, typed_only):
         stats.add(docs, budget)
         found["docs"].add(docs)
         if chunks is not None:
@@ -132,14 +139,21 @@ def _kept(a: Assembly) -> dict[str, np.ndarray]:
     c = a.changes
     at = np.arange(c.rows)
     docs = c.from_store & (c.source == at)
-    counts = np.zeros(c.rows, np.int64)
-    counts[c.from_store] = a.store.n_chunks[c.source[c.from_store]]
-    if a.delta is not None:
-        counts[~c.from_store] = a.delta.n_chunks[c.source[~c.from_store]]
+    counts = _new_counts(a)
     first = np.cumsum(counts) - counts
     in_place = docs.copy()
     in_place[docs] = first[docs] == a.store.first_chunk[at[docs]]
     return {"docs": docs, "chunks": np.repeat(in_place, counts)}
+
+
+def _new_counts(a: Assembly) -> np.ndarray:
+    """Each row's chunk count in the new version (its source's)."""
+    c = a.changes
+    counts = np.zeros(c.rows, np.int64)
+    counts[c.from_store] = a.store.n_chunks[c.source[c.from_store]]
+    if a.delta is not None:
+        counts[~c.from_store] = a.delta.n_chunks[c.source[~c.from_store]]
+    return counts
 
 
 class _Stats:
