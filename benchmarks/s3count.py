@@ -17,6 +17,8 @@ from moto.moto_server.werkzeug_app import (
 )
 from werkzeug.serving import make_server
 
+from tests.s3server import served
+
 
 class CountingWrites:
     """WSGI middleware: bytes uploaded (PUT and POST bodies, multipart parts included)."""
@@ -63,11 +65,5 @@ def counting_s3() -> Iterator[tuple[str, CountingWrites]]:
     counter = CountingWrites(DomainDispatcherApplication(create_backend_app))
     server = make_server("127.0.0.1", 0, counter, threaded=True,
                          request_handler=QuietHandler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}", counter
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with served(server) as port:
+        yield f"http://127.0.0.1:{port}", counter

@@ -12,11 +12,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ACCESS_KEY = "AKIABERTPIPETESTKEY0"
 SECRET_KEY = "bertpipe-test-secret-value-0"  # moto without auth accepts any pair
@@ -113,3 +115,17 @@ def iam_credentials(url: str) -> tuple[str, str]:
         {"Version": "2012-10-17",
          "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
     return str(key["AccessKeyId"]), str(key["SecretAccessKey"])
+
+
+@contextlib.contextmanager
+def served(server: Any) -> Iterator[int]:
+    """A socketserver-style `server` (http.server, werkzeug) answering on a thread of this
+    process for the block; its port. Shut down and closed after."""
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -34,6 +34,7 @@ from pipeline.cli import main
 from pipeline.run import runner
 from pipeline.stores.lock import LOCK_NAME, REFRESH_ENV, TAKEOVER_PREFIX
 from tests.conftest import job_dict, write_job
+from tests.s3server import served
 
 pytestmark = pytest.mark.table  # hundreds of CLI runs: make test, not make test-fast
 
@@ -1055,7 +1056,6 @@ def test_full_disk_during_the_commit_is_one_line_and_a_rerun_completes(
 def http_server() -> Any:
     """An HTTP server on loopback (as `python -m http.server`), and the requests it got."""
     import http.server
-    import threading
 
     requests: list[str] = []
 
@@ -1069,13 +1069,8 @@ def http_server() -> Any:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"tcp://127.0.0.1:{server.server_address[1]}", requests
-    finally:
-        server.shutdown()
-        server.server_close()
+    with served(server) as port:
+        yield f"tcp://127.0.0.1:{port}", requests
 
 
 def test_a_port_that_speaks_http_is_no_scheduler(http_server: Any, tmp_path: Path,

@@ -116,6 +116,11 @@ class Location:
         return not is_url(self.url)
 
     @property
+    def address(self) -> str:
+        """What a library that opens it is given: the path of a local file, else the URL."""
+        return self.path if self.local else self.url
+
+    @property
     def name(self) -> str:
         return PurePosixPath(self.path).name
 

@@ -114,7 +114,7 @@ def streamed_version(a: Assembly, budget: int) -> tuple[StreamedVersion, dict[st
     vector_fields = [pa.field(view, _vector_type(a, view)) for view in a.views]
     levels = ["docs"] + (["chunks"] if has_chunks else [])
     rows = {"docs": a.changes.rows, "chunks": stats.counts["chunks"]}
-    kept = _kept(a)
+    kept = _kept(a, counts)
     # n_chunks is not among them: each block reads it to lay out its chunks
     results = {"docs": frozenset((*DOC_FIELDS, *a.views)) - {"n_chunks"},
                "chunks": frozenset(("doc", *CHUNK_FIELDS, *a.views))}
@@ -132,14 +132,14 @@ def streamed_version(a: Assembly, budget: int) -> tuple[StreamedVersion, dict[st
     return streamed, stats.counts
 
 
-def _kept(a: Assembly) -> dict[str, np.ndarray]:
+def _kept(a: Assembly, counts: np.ndarray) -> dict[str, np.ndarray]:
     """Rows of the new version whose results are the current version's at the same row:
     a document taken from the store row it is at; a chunk of such a document whose chunks
-    start where they started (no document before it gained or lost chunks)."""
+    start where they started (no document before it gained or lost chunks). `counts`:
+    each row's chunk count in the new version (`_new_counts`)."""
     c = a.changes
     at = np.arange(c.rows)
     docs = c.from_store & (c.source == at)
-    counts = _new_counts(a)
     first = np.cumsum(counts) - counts
     in_place = docs.copy()
     in_place[docs] = first[docs] == a.store.first_chunk[at[docs]]

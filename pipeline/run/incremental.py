@@ -116,10 +116,10 @@ def _complete_store(job: Job, say: Callable[[str], None]) -> tuple[str, Provenan
     if contents.state == "store":
         fmt.recover()  # an update killed in its switch: finish publishing it
     raw = fmt.record()
-    if contents.state != "store" or not is_complete(raw) or raw is None or not raw.get("job"):
+    if raw is None or contents.state != "store" or not is_complete(raw) or not raw.get("job"):
         return None  # the full run refuses, resumes or replaces it by its own rules
     location = resolve(path)
-    opened = path if location.local else location.url
+    opened = path if location.local else location.url  # as open_store_data names it
     return opened, Provenance.from_dict(raw, opened)
 
 
@@ -185,7 +185,7 @@ def _stage_delta(run: RunContext, store: StoreData, changes: Changes, fence: Fen
                        "base_version": store.provenance.version, "delta": key})
         _write_delta(delta_file, changes, partition_rows)
     delta_job = replace(job, input=InputSpec(
-        path=delta_file.path if delta_file.local else delta_file.url, text_column="text",
+        path=delta_file.address, text_column="text",
         id_column="digest", storage_options=job.output.storage_options))
     parts = plan_partitions(delta_job.input, partition_rows) if changes.encoded else []
     delta_fp = hashlib.sha256(f"{fingerprint}:{key}".encode()).hexdigest()

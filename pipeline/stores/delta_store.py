@@ -209,7 +209,7 @@ class DeltaFormat(ParquetFormat):
 
     def _uri(self, level: str) -> str:
         table = self.location.child(level)
-        return table.path if table.local else table.url
+        return table.address
 
     def _table(self, level: str, version: int | None = None) -> DeltaTable | None:
         """The level's table (at `version`, else its head); None when there is none."""

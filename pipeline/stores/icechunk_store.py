@@ -433,9 +433,9 @@ class _LevelUpdater:
         rows of chunks holding only kept rows: those cells are equal by construction, so
         they are neither read nor written."""
         left = []
-        for name in sorted(results & set(self.columns.schema.names)):
-            empty = self.columns.schema.empty_table().column(name)
-            sample = column_values(self.columns, name, empty)
+        empty = self.columns.schema.empty_table()
+        for name in sorted(results & set(empty.column_names)):
+            sample = column_values(self.columns, name, empty.column(name))
             if sample.dtype.kind not in "biuf":
                 continue  # strings are compared as they come
             self.arrays[name] = _array_for(self.group, name, sample, self.n,

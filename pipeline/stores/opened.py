@@ -89,7 +89,7 @@ def open_store_data(path: str | Path, require_complete: bool = True,
 def _open(path: str, require_complete: bool, version: int | None = None,
           dask: bool = True) -> StoreData:
     location = resolve(path)
-    path = path if location.local else location.url
+    path = path if location.local else location.url  # a local path as the user gave it
     if not location.exists():
         raise StoreError(f"{path}: no such store")
     fmt = detect_format(path)

@@ -144,9 +144,9 @@ def _delta_is_ours(root: Location) -> bool:
     """A Delta table at docs/ whose commits carry bertpipe's provenance."""
     from .delta_store import DeltaFormat  # why here: only if met (imports deltalake)
 
-    if not DeltaFormat.holds_store(root.path if root.local else root.url):
+    if not DeltaFormat.holds_store(root.address):
         return False
-    return DeltaFormat(root.path if root.local else root.url).record() is not None
+    return DeltaFormat(root.address).record() is not None
 
 
 def _parquet_is_ours(file: Location) -> bool:
