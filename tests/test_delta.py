@@ -370,3 +370,41 @@ def test_update_on_s3_encodes_only_new_and_changed_rows(
     problems = verify_store(out)
     assert problems and "is damaged (its bytes do not match the recorded checksum)" in \
         problems[0]
+
+
+def test_an_open_parses_each_footer_once_and_loads_each_table_version_once(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 rows in files of 8 (5 files a level): opening the store and reading every column
+    of both levels parses each file's footer once (not once per column and row group) and
+    loads each table's version once (each load replays the table's log)."""
+    from pipeline.stores import parquet_store
+
+    monkeypatch.setattr(delta_store, "DELTA_ROWS_PER_FILE", 8)
+    source = _input(tmp_path / "in.parquet", _texts(40))
+    job = _job(tmp_path, tiny_bert, source)
+    run_job(job)
+    footers: list[bool] = []
+    loads: list[tuple[str, int | None]] = []
+    parquet_file, table = parquet_store.pq.ParquetFile, delta_store.DeltaTable
+
+    def counted_file(*args: Any, metadata: Any = None, **kwargs: Any) -> Any:
+        footers.append(metadata is None)  # None: the footer is read and parsed
+        return parquet_file(*args, metadata=metadata, **kwargs)
+
+    def counted_table(uri: str, version: int | None = None, **kwargs: Any) -> Any:
+        loads.append((Path(uri).name, version))
+        return table(uri, version=version, **kwargs)
+
+    monkeypatch.setattr(parquet_store.pq, "ParquetFile", counted_file)
+    monkeypatch.setattr(delta_store, "DeltaTable", counted_table)
+    store = pipeline.open_store(job.output.path)
+    for level in (store.docs, store.chunks):
+        for name in level.variables:
+            np.asarray(level[name].values)
+    files = sum(len(DeltaTable(str(Path(job.output.path) / level)).file_uris())
+                for level in ("docs", "chunks"))
+    assert files >= 10
+    assert sum(footers) == files, (sum(footers), files)  # blocks read: footers given
+    assert len(footers) > sum(footers)
+    pinned = [load for load in loads if load[1] is not None]
+    assert len(pinned) == len(set(pinned)), loads
