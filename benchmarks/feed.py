@@ -7,9 +7,13 @@ all-MiniLM-L6-v2's tokenizer and shapes, and the forward pass replaced through t
 `encode.Forward` protocol by
 
     instant   returns states at once (a view of one row per sequence: no work per token)
-    device    a simulated accelerator: sleeps for the batch's padded tokens at a fixed
-              rate (--device-rates: 1M tokens/s, and 100k, a device this CPU can keep
-              up with), using no CPU, then answers as `instant` does
+    device    a simulated accelerator computing the batch's padded tokens at a fixed rate
+              (--device-rates: 1M tokens/s, and 100k, a device this CPU can keep up
+              with), using no CPU, answering as `instant` does; `queued` as a CUDA
+              stream runs (a call queues the batch and returns, the host waits on a
+              marker: the encoder queues the next batch before it waits), `blocking` as
+              a runtime that returns when the batch is done (the encoder's turn between
+              batches leaves the device idle)
 
 The job has one `cls` view: on a GPU the views' arithmetic runs on the device, and `cls`
 keeps it from costing this CPU anything here either. Each is run sequentially (as before:
@@ -92,9 +96,9 @@ class InstantDevice:
 
 
 class SimulatedDevice(InstantDevice):
-    """An accelerator at `rate` tokens/s: the calling thread sleeps for the batch's padded
-    tokens (a device computes the padding too) and uses no CPU meanwhile, as a thread
-    waiting for a GPU does."""
+    """An accelerator at `rate` tokens/s that returns when it is done: the calling thread
+    sleeps for the batch's padded tokens (a device computes the padding too) and uses no
+    CPU meanwhile. The encoder cannot hand it the next batch before this one is back."""
 
     def __init__(self, layers: frozenset[int], hidden: int, rate: float):
         super().__init__(layers, hidden)
@@ -104,6 +108,27 @@ class SimulatedDevice(InstantDevice):
         seconds = padded_tokens / self.rate
         time.sleep(seconds)
         self.busy_s += seconds
+
+
+class QueuingDevice(SimulatedDevice):
+    """The same accelerator driven as a CUDA stream drives a GPU: a call queues the batch
+    and returns at once; the device works through its queue in order, and `record()`
+    marks the end of what is queued so far, a wait on it sleeping until the device gets
+    there (a CUDA event's synchronize). The encoder queues batch k + 1 before it waits for
+    batch k (`encode.queue_marker`)."""
+
+    def __init__(self, layers: frozenset[int], hidden: int, rate: float):
+        super().__init__(layers, hidden, rate)
+        self.free_at = 0.0  # perf_counter time at which the device finishes its queue
+
+    def compute(self, padded_tokens: int) -> None:
+        seconds = padded_tokens / self.rate
+        self.free_at = max(time.perf_counter(), self.free_at) + seconds
+        self.busy_s += seconds
+
+    def record(self) -> Callable[[], None]:
+        done_at = self.free_at
+        return lambda: time.sleep(max(0.0, done_at - time.perf_counter()))
 
 
 # ---- one process: the measurements ---------------------------------------------------------
@@ -157,9 +182,12 @@ def measure(rows: int, reps: int, rates: list[float], partition_rows: int) -> di
     texts = pq.read_table(source, columns=["text"]).column("text").to_pylist()
     hidden, layers = extractor.model.hidden_size, extractor.needs.layers
     devices: dict[str, Callable[[], InstantDevice]] = {
-        "instant": lambda: InstantDevice(layers, hidden),
-        **{f"device {rate:,.0f}/s": (lambda rate=rate: SimulatedDevice(layers, hidden, rate))
-           for rate in rates}}
+        "instant": lambda: InstantDevice(layers, hidden)}
+    for rate in rates:
+        devices[f"device {rate:,.0f}/s, queued"] = (
+            lambda rate=rate: QueuingDevice(layers, hidden, rate))
+        devices[f"device {rate:,.0f}/s, blocking"] = (
+            lambda rate=rate: SimulatedDevice(layers, hidden, rate))
     samples: dict[str, list[dict[str, float]]] = {}
     loads = []
     tokens = 0
@@ -195,14 +223,14 @@ def report(result: dict[str, Any], cpu: dict[str, Any]) -> None:
     reference = cases["tokenizer alone"]["cpu_rate"]
     print(f"\n{result['cpus']} CPU(s): {result['rows']} distinct rows, {result['tokens']:,} "
           f"tokens, {result['partitions']} partitions  {tag}")
-    print(f"  {'tokenizer alone':<30} {reference:>9,.0f} tokens per CPU-s; on "
+    print(f"  {'tokenizer alone':<42} {reference:>9,.0f} tokens per CPU-s; on "
           f"{result['cpus']} CPU(s) it feeds at most {reference * result['cpus']:,.0f} "
           f"tokens/s  {tag}")
     for name, figures in cases.items():
         if name == "tokenizer alone":
             continue
         share = figures["cpu_rate"] / reference
-        line = (f"  {name:<30} {figures['cpu_rate']:>9,.0f} tokens per CPU-s = {share:4.0%} "
+        line = (f"  {name:<42} {figures['cpu_rate']:>9,.0f} tokens per CPU-s = {share:4.0%} "
                 f"of the tokenizer's ({verdict(share, TARGET_CPU_SHARE)}), "
                 f"{figures['wall_rate']:>9,.0f} tokens/s wall")
         if name.startswith("device"):

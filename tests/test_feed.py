@@ -314,6 +314,55 @@ def test_batches_are_padded_as_a_loop_over_rows_pads_them(tiny_bert: Path,
         assert ids.shape[1] == max(len(s) for s in rows)
 
 
+# ---- a device that queues its work (a CUDA stream) ------------------------------------------
+
+class QueuingForward:
+    """The model's forward pass presented as a device that queues work presents it: a call
+    logs its launch, and `record()` a waiter that logs the wait for that batch."""
+
+    def __init__(self, forward: Any, log: list[tuple[str, int]]):
+        self.forward, self.log, self.launched = forward, log, 0
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor) -> Any:
+        self.log.append(("launch", self.launched))
+        self.launched += 1
+        return self.forward(ids, mask)
+
+    def record(self) -> Any:
+        batch = self.launched - 1
+        return lambda: self.log.append(("wait", batch))
+
+
+def test_a_queuing_device_gets_the_next_batch_before_the_host_waits_for_this_one(
+        tiny_bert: Path, tmp_path: Path) -> None:
+    views = {"mean": {"pooling": "mean"}, "cls": {"pooling": "cls"},
+             "per_token": {"pooling": "tokens", "layers": [-2]}}
+    job = Job.from_dict(job_dict(tmp_path / "x.parquet", tiny_bert, tmp_path / "o.zarr",
+                                 views=views, batching={"max_batch_size": 2}))
+    encoder = Extractor(job).encoder
+    rng = np.random.default_rng(1)
+    sequences = [rng.integers(5, 60, rng.integers(2, 30)).tolist() for _ in range(9)]
+    keep = [(1, len(s) - 1) for s in sequences]
+    want = encoder.encode(sequences, job.batching, keep)  # the CPU runtime: nothing queued
+
+    log: list[tuple[str, int]] = []
+    progress: list[int] = []
+    encoder.forward = QueuingForward(encoder.forward, log)
+    encoder.on_batch = lambda done, total: progress.append(done)
+    got = encoder.encode(sequences, job.batching, keep)
+
+    batches = len(encoder.plan(sequences, job.batching).batches)
+    assert batches == 5
+    # launch 0, launch 1, wait 0, launch 2, wait 1, ...: one batch queued ahead, never two
+    assert log == [("launch", 0)] + [e for k in range(1, batches)
+                                     for e in (("launch", k), ("wait", k - 1))] + [
+                   ("wait", batches - 1)]
+    assert progress == list(range(1, batches + 1))
+    assert got.keys() == want.keys()
+    for view, rows in want.items():
+        np.testing.assert_array_equal(got[view], rows, err_msg=view)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_batches_are_pinned_and_agree_with_the_cpu(minilm: Path, tmp_path: Path) -> None:
     texts = pq.read_table(REVIEWS).column("text").to_pylist()[:64]

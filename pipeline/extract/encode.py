@@ -46,6 +46,26 @@ class Forward(Protocol):
         ...
 
 
+# A marker of the work a device has queued so far: calling it waits until that work is done.
+Waiter = Callable[[], None]
+
+
+def queue_marker(forward: Forward) -> Callable[[], Waiter] | None:
+    """`forward.record` when its runtime queues work on a device and returns before it is
+    done (a CUDA stream): `record()` marks the work queued so far and returns its `Waiter`.
+    None for a runtime whose forward pass has finished when it returns (the CPU runtimes)."""
+    return getattr(forward, "record", None)
+
+
+@dataclass
+class _Launched:
+    """A batch handed to the model: its views' outputs, on the host once `wait` returns."""
+
+    idx: np.ndarray  # the batch's sequence indices
+    outputs: dict[str, Tensor]
+    wait: Waiter | None
+
+
 @dataclass
 class EncodePlan:
     """A partition's sequences ready for the model: where each sequence's rows go and the
@@ -104,44 +124,74 @@ class Encoder:
         return plan
 
     def run(self, plan: EncodePlan) -> dict[str, np.ndarray]:
-        """Every batch of `plan` through the model and the views (see `encode`)."""
+        """Every batch of `plan` through the model and the views (see `encode`).
+
+        On a runtime that queues its work on a device (`queue_marker`), batch k + 1 is
+        queued before the host waits for batch k and places its rows: the device always has
+        the next batch while the host copies results out, and never waits for that turn."""
         n = len(plan.sequences)
         out = {v.name: np.empty((n, v.width), np.float32)
                for v in self.views if not v.per_token}
-        token_views = [v for v in self.views if v.per_token]
-        starts = plan.starts
-        out.update({v.name: np.empty((int(starts[-1]), v.width), np.float32)
-                    for v in token_views})
-        for done, idx in enumerate(plan.batches, 1):
-            sequences = [plan.sequences[i] for i in idx]
-            host = plan.padded[done - 1] if plan.padded else self._pad_host(sequences)
-            ids, mask = self._to_device(*host)
-            vectors = self._encode_padded(ids, mask, [len(s) for s in sequences],
-                                          [plan.spans[i] for i in idx] if token_views else None)
-            for v in token_views:  # the batch's rows, sequence after sequence
-                rows = vectors.pop(v.name)
-                at = 0
-                for i in idx:
-                    size = int(starts[i + 1] - starts[i])
-                    out[v.name][starts[i] : starts[i + 1]] = rows[at : at + size]
-                    at += size
-            for name, arr in vectors.items():
-                out[name][idx] = arr
-            if self.on_batch:
-                self.on_batch(done, len(plan.batches))
+        out.update({v.name: np.empty((int(plan.starts[-1]), v.width), np.float32)
+                    for v in self.views if v.per_token})
+        record = queue_marker(self.forward)
+        in_flight = 2 if record is not None else 1
+        launched: list[_Launched] = []
+        for k, idx in enumerate(plan.batches):
+            launched.append(self._launch(plan, k, idx, record))
+            if len(launched) == in_flight:
+                self._place(out, plan, launched.pop(0), k + 2 - in_flight)
+        for done in range(len(plan.batches) - len(launched) + 1, len(plan.batches) + 1):
+            self._place(out, plan, launched.pop(0), done)
         return out
+
+    def _launch(self, plan: EncodePlan, k: int, idx: np.ndarray,
+                record: Callable[[], Waiter] | None) -> _Launched:
+        """Batch k of `plan` padded, on the device, through the forward pass and the views;
+        on a queuing runtime the work is queued and `wait` marks its end."""
+        sequences = [plan.sequences[i] for i in idx]
+        host = plan.padded[k] if plan.padded else self._pad_host(sequences)
+        ids, mask = self._to_device(*host)
+        token_views = any(v.per_token for v in self.views)
+        outputs = self._views(ids, mask, [len(s) for s in sequences],
+                              [plan.spans[i] for i in idx] if token_views else None)
+        return _Launched(idx, outputs, record() if record is not None else None)
+
+    def _place(self, out: dict[str, np.ndarray], plan: EncodePlan, batch: _Launched,
+               done: int) -> None:
+        """A launched batch's rows into `out`, once the device has finished it."""
+        if batch.wait is not None:
+            batch.wait()
+        starts = plan.starts
+        for v in self.views:
+            rows = batch.outputs[v.name].numpy()
+            if not v.per_token:
+                out[v.name][batch.idx] = rows
+                continue
+            at = 0  # the batch's token rows, sequence after sequence
+            for i in batch.idx:
+                size = int(starts[i + 1] - starts[i])
+                out[v.name][starts[i] : starts[i + 1]] = rows[at : at + size]
+                at += size
+        if self.on_batch:
+            self.on_batch(done, len(plan.batches))
 
     def encode_batch(self, sequences: Sequence[Sequence[int]],
                      keep: Sequence[tuple[int, int]] | None = None) -> dict[str, np.ndarray]:
         """One padded batch: (B, width) per pooled view; per token view the rows
         keep[b] = [lo, hi) of each sequence, concatenated (every position when None)."""
         ids, mask = self._to_device(*self._pad_host(sequences))  # (B, T)
-        return self._encode_padded(ids, mask, [len(s) for s in sequences], keep)
+        outputs = self._views(ids, mask, [len(s) for s in sequences], keep)
+        record = queue_marker(self.forward)
+        if record is not None:
+            record()()
+        return {name: t.numpy() for name, t in outputs.items()}
 
-    def _encode_padded(self, ids: Tensor, mask: Tensor, lengths: Sequence[int],
-                       keep: Sequence[tuple[int, int]] | None) -> dict[str, np.ndarray]:
+    def _views(self, ids: Tensor, mask: Tensor, lengths: Sequence[int],
+               keep: Sequence[tuple[int, int]] | None) -> dict[str, Tensor]:
         """The forward pass and every view on the model's device; only the views' outputs
-        (pooled vectors, kept token rows) come back to the host."""
+        (pooled vectors, kept token rows) are copied to the host: asynchronously from a
+        CUDA device (into page-locked memory), so they are there once its queue is done."""
         with torch.inference_mode():
             states, cls_attention = self.forward(ids, mask)  # {layer: (B, T, H)}, (B, T)
             bool_mask = mask.bool()
@@ -154,7 +204,7 @@ class Encoder:
                 if v.per_token:  # (B, T, width) -> (K, width), kept rows only
                     rows = rows or _kept_rows(keep, lengths, ids.device)
                     computed = computed[rows]
-                out[v.name] = computed.float().cpu().numpy()
+                out[v.name] = computed.float().to("cpu", non_blocking=self.to_cuda)
             return out
 
     def _pad_host(self, sequences: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ..spec import ModelSpec
-from .encode import ClsAttention, Encoder, Forward, find_query_key
+from .encode import ClsAttention, Encoder, Forward, Waiter, find_query_key
 from .families import last_block
 from .model import LoadedModel, load_model, resolve_dtype
 from .runtime_choice import choose_runtime
@@ -83,6 +83,9 @@ class TorchForward:
         # a model that could not be cut runs more blocks than the views need: read the
         # needed layer from hidden_states, not from its last output
         self.hidden_states = needs.hidden_states or model.blocks_run != needs.blocks_to_run
+        # a CUDA device runs the work queued on its stream after the calls return: the
+        # encoder marks each batch's end and queues the next before waiting (encode.run)
+        self.record = cuda_marker if model.device.type == "cuda" else None
         self.attention: torch.nn.Module | None = None  # whose input the [CLS] row needs
         self.cls_attention: ClsAttention | None = None
         if needs.cls_attention:
@@ -118,6 +121,14 @@ class TorchForward:
         if not grabbed:
             raise RuntimeError("the last attention block did not run")
         return states, self.cls_attention(grabbed[-1], mask.bool())
+
+
+def cuda_marker() -> Waiter:
+    """The end of the work queued so far on the current CUDA stream: wait on it to read
+    what that work wrote (see `encode.queue_marker`)."""
+    event = torch.cuda.Event()
+    event.record()
+    return event.synchronize
 
 
 def dtype_name(dtype: torch.dtype) -> str:
