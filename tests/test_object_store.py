@@ -995,7 +995,7 @@ def test_store_in_memory_filesystem_matches_the_local_store(
 
 @pytest.mark.cluster
 def test_nightly_update_of_an_icechunk_store_on_s3_by_shared_nothing_workers(
-        s3: str, tiny_bert: Path, tmp_path: Path) -> None:
+        s3: str, tiny_bert: Path, tmp_path: Path, cluster_apart: tuple[str, Path]) -> None:
     """The incremental scenario (400 rows; then 150 new, 20 edited, 10 deleted) with the
     input and an Icechunk store on S3 and two workers that share no disk with the client
     or each other: the update encodes exactly 170 texts and the store equals a run from
@@ -1015,17 +1015,19 @@ def test_nightly_update_of_an_icechunk_store_on_s3_by_shared_nothing_workers(
                    output={"format": "icechunk", "incremental": True},
                    execution={"partition_rows": 64, "threads_per_worker": 1})
     write_job(client_dir / "job.yaml", job)
-    with isolated_cluster(tmp_path / "cluster") as address:
-        for table, expected in ((_base(), 400), (_updated(), 170)):
-            with storefs.resolve(source).writer() as f:
-                pq.write_table(table, f)
-            done = bertpipe("extract", "job.yaml", "--scheduler", address, "--json-summary",
-                            "summary.json", cwd=client_dir, env={"TMPDIR": str(client_dir)})
-            assert done.returncode == 0, done.stderr
-            summary = json.loads((client_dir / "summary.json").read_text())
-            assert summary["rows_by_outcome"]["encoded"] == expected, summary
-        loaded = worked(address)  # per worker: the runs it ran partitions of
-        assert len(loaded) == 2 and all(loaded.values()), loaded
+    address, _ = cluster_apart
+    for table, expected in ((_base(), 400), (_updated(), 170)):
+        with storefs.resolve(source).writer() as f:
+            pq.write_table(table, f)
+        before = worked(address)
+        done = bertpipe("extract", "job.yaml", "--scheduler", address, "--json-summary",
+                        "summary.json", cwd=client_dir, env={"TMPDIR": str(client_dir)})
+        assert done.returncode == 0, done.stderr
+        summary = json.loads((client_dir / "summary.json").read_text())
+        assert summary["rows_by_outcome"]["encoded"] == expected, summary
+        after = worked(address)  # per worker: the runs it ran partitions of
+        this_run = {w: set(names) - set(before.get(w, ())) for w, names in after.items()}
+        assert len(this_run) == 2 and all(this_run.values()), (before, after)
     local = tmp_path / "updated.parquet"
     pq.write_table(_updated(), local)
     scratch = {**job, "input": {**job["input"], "path": str(local)},
