@@ -1081,3 +1081,28 @@ def test_digests_compared_as_32_bytes_read_back_as_the_stored_hex() -> None:
     assert to_hex(binary.slice(1, 3)).to_pylist() == oracle[1:4]
     assert to_hex(pa.chunked_array([binary.slice(0, 2), binary.slice(2)])).to_pylist() == oracle
     assert to_hex(binary.slice(0, 0)).to_pylist() == []
+
+
+def test_digest_lookup_finds_each_digests_first_stored_row_as_a_dictionary_does() -> None:
+    """The comparison's sorted lookup against a plain dict of first occurrences (the
+    oracle): repeated digests, digests differing only in their last byte or holding zero
+    bytes, sliced arrays, and an empty store."""
+    from pipeline.run.compare import DIGEST, DigestLookup
+
+    rng = np.random.default_rng(3)
+    pool = [rng.bytes(32) for _ in range(40)]
+    pool += [pool[0][:31] + bytes([pool[0][31] ^ 1]), bytes(32), bytes(31) + b"\x01",
+             b"\x00" * 16 + b"\xff" * 16]
+    stored = [pool[i] for i in rng.integers(0, 30, 200)] + pool[40:42]
+    asked = pool + [pool[3]] * 3
+    first: dict[bytes, int] = {}
+    for row, digest in enumerate(stored):
+        first.setdefault(digest, row)
+    for store in (pa.array(stored, DIGEST), pa.array([b"\x07" * 32] * 5 + stored,
+                                                     DIGEST).slice(5)):
+        lookup = DigestLookup(store)
+        for ask in (pa.array(asked, DIGEST), pa.array(pool + asked, DIGEST).slice(len(pool))):
+            assert lookup.index_in(ask).tolist() == [first.get(d, -1) for d in asked]
+    empty = DigestLookup(pa.array([], DIGEST))
+    assert empty.index_in(pa.array(pool[:3], DIGEST)).tolist() == [-1, -1, -1]
+    assert DigestLookup(pa.array(stored, DIGEST)).index_in(pa.array([], DIGEST)).tolist() == []

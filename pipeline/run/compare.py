@@ -119,14 +119,13 @@ def compare(spec: InputSpec, parts: Sequence[Partition], store: StoreRows,
     delta: dict[bytes, int] = {}  # digest -> row of the delta
     delta_texts: list[str | None] = []
     store_ids = store.ids
+    stored = DigestLookup(store.digests)
     for part in parts:
         rows = read_partition(spec, part)
         part_ids = _ids_like(rows.ids, store_ids, spec)
         part_digests = pa.array(text_sha256_bytes(rows.texts), DIGEST)
-        at = pc.index_in(part_ids, value_set=store_ids)
-        known = pc.fill_null(pc.equal(store.digests.take(at), part_digests), False)
-        held = pc.is_in(part_digests, value_set=store.digests)  # an identical text is stored
-        wanted = np.flatnonzero(~_np(known) & ~_np(held))
+        # encoded unless its text is stored (at its id's row, or an identical text anywhere)
+        wanted = np.flatnonzero(stored.index_in(part_digests) < 0)
         for i in wanted:
             digest = part_digests[i].as_py()
             if digest not in delta:
@@ -180,6 +179,35 @@ def _plan(store: StoreRows, inputs: InputRows, delta: dict[bytes, int],
         added=len(new_rows), replaced=replaced,
         unchanged=int(has_input.sum()) - replaced, gone=int(gone.sum()),
         pruned=int(gone.sum()) if prune else 0)
+
+
+class DigestLookup:
+    """Where digests first occur among a store's, asked partition by partition: the
+    store's are sorted once and each ask is a binary search (`pc.index_in` hashes the
+    whole value set on every call: against a million stored rows, 82 partitions spent
+    27 s in it)."""
+
+    def __init__(self, digests: pa.Array):
+        keys = _as_bytes(digests)
+        self.order = np.argsort(keys, kind="stable")  # equal digests: the first row first
+        self.sorted = keys[self.order]
+
+    def index_in(self, digests: pa.Array) -> np.ndarray:
+        """(n,) int64: the first stored row holding each digest; -1 where none does."""
+        keys = _as_bytes(digests)
+        if not len(self.sorted):
+            return np.full(len(keys), -1, np.int64)
+        at = np.minimum(np.searchsorted(self.sorted, keys), len(self.sorted) - 1)
+        return np.where(self.sorted[at] == keys, self.order[at], -1).astype(np.int64)
+
+
+def _as_bytes(digests: pa.Array) -> np.ndarray:
+    """binary(32) digests as NumPy 32-byte strings, ordered and compared byte by byte (a
+    null, which no digest is, would read as the bytes beneath it)."""
+    if not len(digests):
+        return np.empty(0, "S32")
+    return np.frombuffer(digests.buffers()[1], "S32", count=len(digests),
+                         offset=digests.offset * 32)
 
 
 def _ids_like(ids: pa.Array, store_ids: pa.Array, spec: InputSpec) -> pa.Array:
