@@ -81,6 +81,22 @@ def test_validate_imports_no_torch(tmp_path: Path, tiny_bert: Path) -> None:
     assert imported == []
 
 
+@pytest.mark.parametrize("fmt", ["zarr", "icechunk"])
+def test_a_run_with_nothing_to_encode_imports_no_torch(tmp_path: Path, tiny_bert: Path,
+                                                       fmt: str) -> None:
+    """A rerun of a complete store and a nightly update whose input has not changed encode
+    nothing: they compare, say so and stop, without loading torch, transformers or the
+    model (each would add seconds to every such scheduled run)."""
+    src = write_table(tmp_path / "in.parquet", {"id": [1, 2], "text": ["good", "bad drug"]})
+    output = {"format": fmt, **({"incremental": True} if fmt == "icechunk" else {})}
+    job = write_job(tmp_path / "job.yaml", job_dict(src, tiny_bert, tmp_path / f"o.{fmt}",
+                                                    output=output))
+    assert CliRunner().invoke(main, ["extract", str(job)]).exit_code == 0
+    imported, said = _modules_after(["extract", str(job)], tmp_path)
+    assert ("already complete" if fmt == "zarr" else "nothing to encode") in said
+    assert [m for m in imported if m in ("torch", "transformers")] == []
+
+
 def test_inspect_imports_no_torch(tmp_path: Path, tiny_bert: Path) -> None:
     """`bertpipe inspect` reads the store and, for the vocabulary fit, the tokenizer's file:
     no torch, no transformers, no model, no Dask client to look for, and (a Zarr store's

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..spec import Job
+from ..stores.columns import vector_array
 from .aggregate import aggregate_chunks
 from .chunking import ChunkedPartition, Specials, chunk_partition, content_budget
 from .encode import EncodePlan, Encoder
@@ -212,9 +213,3 @@ class EncodedTexts:
         return EncodedTexts(chunked, {k: v[take] for k, v in self.chunks.items()},
                             {k: v[inverse] for k, v in self.docs.items()}, {},
                             self.n_unique, self.tokens_encoded)
-
-
-def vector_array(vectors: np.ndarray, dtype: str) -> pa.FixedSizeListArray:
-    """(N, D) matrix as fixed_size_list<float, D>, zero-copy from the contiguous buffer."""
-    flat = np.ascontiguousarray(vectors, dtype=np.dtype(dtype)).reshape(-1)
-    return pa.FixedSizeListArray.from_arrays(pa.array(flat), vectors.shape[1])

@@ -18,11 +18,10 @@ import numpy as np
 import pyarrow as pa
 import xarray as xr
 
-from ..extract.partition import vector_array
 from ..spec import Job
 from ..stores import Layout, Staging
 from ..stores.base import StreamedVersion, Unwritten
-from ..stores.columns import StoredColumns, string_width
+from ..stores.columns import StoredColumns, string_width, vector_array
 from ..stores.parquet_store import file_dataset
 from .compare import Changes, to_hex
 

@@ -28,7 +28,6 @@ from typing import Any, cast
 from distributed import WorkerPlugin
 
 from ..errors import BertpipeError, JobError, SchedulerError, first_line
-from ..extract.partition import Extractor
 from ..extract.source import Partition
 from ..extract.threads import WAIT_KEYS, WAIT_POLICY, allot
 from ..io.location import register_options
@@ -190,6 +189,8 @@ class ExtractorPlugin(WorkerPlugin):
         torch.set_num_threads(self.threads)
         if self._extractor is not None:
             return
+        from ..extract.partition import Extractor  # on the worker: the client never encodes
+
         try:
             extractor = Extractor(self.job, threads=self.threads)
         except BertpipeError as exc:

@@ -16,12 +16,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 
 from ..errors import BertpipeError, JobError, PartitionError
-from ..extract.partition import Extractor, PreparedPart
 from ..extract.source import Partition
 from ..io.location import scrub
 from ..spec import Job
@@ -29,6 +28,9 @@ from ..stores import Staging
 from ..stores.lock import LockLostError
 from ..stores.markers import PartitionMarker
 from .ahead import prepared_ahead
+
+if TYPE_CHECKING:  # torch and transformers load only where this process encodes
+    from ..extract.partition import Extractor, PreparedPart
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +152,8 @@ class InProcessExecutor:
             on_done: OnDone) -> Failures:
         if not parts:
             return []
+        from ..extract.partition import Extractor
+
         extractor = self.extractor or Extractor(job)
         failures: Failures = []
         writing: tuple[Partition, Future[PartitionMarker]] | None = None

@@ -176,3 +176,9 @@ class StoredColumns:
         if pa.types.is_string(field.type) and self.nulls.get(name, True):
             return {MISSING_ATTRIBUTE: MISSING_STRING}
         return {}
+
+
+def vector_array(vectors: np.ndarray, dtype: str) -> pa.FixedSizeListArray:
+    """(N, D) matrix as fixed_size_list<float, D>, zero-copy from the contiguous buffer."""
+    flat = np.ascontiguousarray(vectors, dtype=np.dtype(dtype)).reshape(-1)
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat), vectors.shape[1])
