@@ -148,14 +148,13 @@ def build_provenance(job: Job, totals: MarkerTotals, model: dict[str, Any],
 
 
 def software_versions(totals: MarkerTotals) -> dict[str, str]:
-    """bertpipe, torch, transformers and the optional runtimes that ran partitions."""
+    """bertpipe, torch, transformers and the optional runtimes that ran partitions, as
+    installed (read from their package metadata: importing torch to ask costs a process
+    that encoded nothing itself, the client of a cluster run, seconds)."""
     from importlib.metadata import version
 
-    import torch
-    import transformers
-
-    return {"bertpipe": __version__, "torch": torch.__version__,
-            "transformers": transformers.__version__,
+    return {"bertpipe": __version__, "torch": version("torch"),
+            "transformers": version("transformers"),
             **{name: version(name) for name in totals.runtimes if name != "torch"}}
 
 
