@@ -97,6 +97,27 @@ def test_a_run_with_nothing_to_encode_imports_no_torch(tmp_path: Path, tiny_bert
     assert [m for m in imported if m in ("torch", "transformers")] == []
 
 
+def test_the_runtime_of_a_job_that_fixes_it_is_decided_without_torch(tmp_path: Path,
+                                                                      tiny_bert: Path) -> None:
+    """The client of a cluster run decides the workers' runtime and encodes nothing: for a
+    job on the CPU that names its runtime and dtype, that costs no torch import."""
+    import json
+    import subprocess
+    import sys
+
+    job = write_job(tmp_path / "job.yaml", job_dict(tmp_path / "in.parquet", tiny_bert,
+                                                    tmp_path / "o.zarr"))
+    code = ("import json, sys, yaml; from pipeline.spec import Job; "
+            "from pipeline.extract.calibrate import decide; "
+            f"job = Job.from_dict(yaml.safe_load(open({str(job)!r}))); "
+            "c = decide(job, {}, lambda: []); "
+            "print(json.dumps([c.runtime, c.dtype, c.by, 'torch' in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == ["torch", "float32", "job", False]
+
+
 def test_inspect_imports_no_torch(tmp_path: Path, tiny_bert: Path) -> None:
     """`bertpipe inspect` reads the store and, for the vocabulary fit, the tokenizer's file:
     no torch, no transformers, no model, no Dask client to look for, and (a Zarr store's

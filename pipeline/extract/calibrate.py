@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,10 +43,17 @@ from ..errors import BertpipeError, ModelError
 from ..spec import Job
 from ..stores.provenance import CandidateRow, RuntimeChoice
 from .chunking import chunk_partition
-from .model import cpu_has_bf16, load_config, resolve_device
-from .partition import Extractor
-from .runtime_choice import openvino_installed, openvino_supports
-from .runtime_openvino import CACHE_ENV, cache_base
+from .modelfiles import load_config
+from .runtime_choice import (
+    CACHE_ENV,
+    cache_base,
+    cpu_has_bf16,
+    openvino_installed,
+    openvino_supports,
+)
+
+if TYPE_CHECKING:  # the model's code loads only when candidates are measured
+    from .partition import Extractor
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +65,7 @@ REFERENCE = ("torch", "float32")
 
 # A candidate as loaded for measuring: (runtime, dtype) -> its extractor; tests inject
 # candidates through it.
-Loader = Callable[[Job, str, str], Extractor]
+Loader = Callable[[Job, str, str], "Extractor"]
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,7 @@ def candidates(job: Job, config: Any) -> list[tuple[str, str]]:
     """(runtime, dtype) pairs the job leaves open on this machine; [] on a GPU (auto keeps
     its rules there: torch, bf16 or f16 by what the GPU supports)."""
     spec = job.model
-    if resolve_device(spec.device).type == "cuda":
+    if on_gpu(spec.device):
         return []
     runtimes = [spec.runtime] if spec.runtime != "auto" else \
         ["torch"] + (["openvino"] if openvino_installed() and openvino_supports(config) else [])
@@ -205,7 +212,19 @@ def write_cached(path: Path, key: dict[str, Any], choice: RuntimeChoice) -> None
         raise _unwritable(path.parent, exc) from None
 
 
+def on_gpu(device: str) -> bool:
+    """Whether `model.device` puts the model on a GPU; a job on the CPU asks no more (torch,
+    to look for one, costs a process that encodes nothing itself seconds)."""
+    if device == "cpu":
+        return False
+    from .model import resolve_device
+
+    return resolve_device(device).type == "cuda"
+
+
 def load_candidate(job: Job, runtime: str, dtype: str) -> Extractor:
+    from .partition import Extractor
+
     return Extractor(replace(job, model=replace(job.model, runtime=runtime, dtype=dtype)))
 
 

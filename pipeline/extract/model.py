@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,6 +31,7 @@ from .modelfiles import (
     load_config,
     model_shape,
 )
+from .runtime_choice import cpu_has_bf16
 
 
 @dataclass
@@ -136,15 +136,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ModelError("model.device: cuda requested but no CUDA device is available")
     return torch.device(name)
-
-
-def cpu_has_bf16() -> bool:
-    """True where the CPU runs bf16 matmuls natively (AVX512-BF16 or AMX)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(f in flags for f in ("avx512_bf16", "amx_bf16"))
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
+from pathlib import Path
 from typing import Any
 
 from ..errors import ModelError
 from ..spec import ModelSpec
+
+CACHE_ENV = "BERTPIPE_CACHE_DIR"
 
 log = logging.getLogger(__name__)
 
@@ -89,3 +93,19 @@ def could_refuse_here(spec: ModelSpec) -> bool:
     on device auto or cpu, run everywhere, so the device is not asked (torch would be
     imported for nothing)."""
     return spec.runtime == "openvino" or (spec.runtime == "auto" and spec.device == "cuda")
+
+
+def cache_base() -> Path:
+    """bertpipe's cache folder: `$BERTPIPE_CACHE_DIR`, default `~/.cache/bertpipe` (exported
+    models here, runtime calibrations in calibrate.py)."""
+    base = os.environ.get(CACHE_ENV)
+    return Path(base).expanduser() if base else Path.home() / ".cache" / "bertpipe"
+
+
+def cpu_has_bf16() -> bool:
+    """True where the CPU runs bf16 matmuls natively (AVX512-BF16 or AMX)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(f in flags for f in ("avx512_bf16", "amx_bf16"))

@@ -56,6 +56,7 @@ from .model import (
     max_positions,
 )
 from .modelfiles import ModelConfig, auto_tokenizer, model_fingerprint, model_shape
+from .runtime_choice import CACHE_ENV, cache_base
 from .views import ForwardNeeds
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,6 @@ log = logging.getLogger(__name__)
 # Bump when EncoderOutputs or the export settings change: old entries are then not reused.
 # 2: the [CLS] row is encode.ClsAttention (the key projection folded into the query)
 EXPORT_FORMAT = 2
-CACHE_ENV = "BERTPIPE_CACHE_DIR"
 INPUTS = ("input_ids", "attention_mask")
 
 # OpenVINO's element type names -> the dtype names the provenance uses
@@ -72,13 +72,6 @@ HINTS = {v: k for k, v in PRECISIONS.items()}
 
 # Exports made by this process (a cache hit makes none): what tests and logs count on.
 exports_made = 0
-
-
-def cache_base() -> Path:
-    """bertpipe's cache folder: `$BERTPIPE_CACHE_DIR`, default `~/.cache/bertpipe` (exported
-    models here, runtime calibrations in calibrate.py)."""
-    base = os.environ.get(CACHE_ENV)
-    return Path(base).expanduser() if base else Path.home() / ".cache" / "bertpipe"
 
 
 def cache_root() -> Path:
