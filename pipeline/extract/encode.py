@@ -16,6 +16,7 @@ tokens), flat in input order.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -61,6 +62,7 @@ def queue_marker(forward: Forward) -> Callable[[], Waiter] | None:
 class _Launched:
     """A batch handed to the model: its views' outputs, on the host once `wait` returns."""
 
+    k: int  # the batch's place in its plan
     idx: np.ndarray  # the batch's sequence indices
     outputs: dict[str, Tensor]
     wait: Waiter | None
@@ -91,6 +93,7 @@ class Encoder:
         self.views = list(views)
         self.needs = needs
         self.forward = forward
+        self.token_views = any(v.per_token for v in self.views)
         self.pad_id = int(model.tokenizer.pad_token_id or 0)
         # why only for CUDA: page-locked host memory lets the copy to the device run
         # asynchronously (non_blocking); on the CPU it would be a copy for nothing
@@ -135,14 +138,14 @@ class Encoder:
         out.update({v.name: np.empty((int(plan.starts[-1]), v.width), np.float32)
                     for v in self.views if v.per_token})
         record = queue_marker(self.forward)
-        in_flight = 2 if record is not None else 1
-        launched: list[_Launched] = []
+        ahead = 1 if record is not None else 0  # batches queued beyond the one placed next
+        launched: deque[_Launched] = deque()
         for k, idx in enumerate(plan.batches):
             launched.append(self._launch(plan, k, idx, record))
-            if len(launched) == in_flight:
-                self._place(out, plan, launched.pop(0), k + 2 - in_flight)
-        for done in range(len(plan.batches) - len(launched) + 1, len(plan.batches) + 1):
-            self._place(out, plan, launched.pop(0), done)
+            if len(launched) > ahead:
+                self._place(out, plan, launched.popleft())
+        while launched:
+            self._place(out, plan, launched.popleft())
         return out
 
     def _launch(self, plan: EncodePlan, k: int, idx: np.ndarray,
@@ -152,13 +155,11 @@ class Encoder:
         sequences = [plan.sequences[i] for i in idx]
         host = plan.padded[k] if plan.padded else self._pad_host(sequences)
         ids, mask = self._to_device(*host)
-        token_views = any(v.per_token for v in self.views)
         outputs = self._views(ids, mask, [len(s) for s in sequences],
-                              [plan.spans[i] for i in idx] if token_views else None)
-        return _Launched(idx, outputs, record() if record is not None else None)
+                              [plan.spans[i] for i in idx] if self.token_views else None)
+        return _Launched(k, idx, outputs, record() if record is not None else None)
 
-    def _place(self, out: dict[str, np.ndarray], plan: EncodePlan, batch: _Launched,
-               done: int) -> None:
+    def _place(self, out: dict[str, np.ndarray], plan: EncodePlan, batch: _Launched) -> None:
         """A launched batch's rows into `out`, once the device has finished it."""
         if batch.wait is not None:
             batch.wait()
@@ -174,7 +175,7 @@ class Encoder:
                 out[v.name][starts[i] : starts[i + 1]] = rows[at : at + size]
                 at += size
         if self.on_batch:
-            self.on_batch(done, len(plan.batches))
+            self.on_batch(batch.k + 1, len(plan.batches))
 
     def encode_batch(self, sequences: Sequence[Sequence[int]],
                      keep: Sequence[tuple[int, int]] | None = None) -> dict[str, np.ndarray]:
