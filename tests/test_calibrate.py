@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 
 import pipeline
@@ -257,3 +258,23 @@ def test_calibrate_prints_the_table(tiny_bert: Path, tmp_path: Path, cache: Path
     chosen = next(r for r in doc["table"] if r["chosen"])
     assert (chosen["runtime"], chosen["dtype"]) == (doc["runtime"], doc["dtype"])
     assert chosen["min_cosine"] >= MIN_COSINE
+
+
+def test_recorded_versions_are_those_the_libraries_report_when_imported() -> None:
+    """A run records the versions from package metadata, without importing the libraries:
+    they are the ones the imported libraries report (the oracle), openvino only when it
+    ran partitions, and a runtime that is not installed reads as ""."""
+    import transformers
+
+    from pipeline.extract.runtime_choice import installed_versions
+    from pipeline.run.record import software_versions
+    from pipeline.stores.markers import MarkerTotals
+    from pipeline.version import __version__
+
+    assert software_versions(MarkerTotals(runtimes=("torch",))) == {
+        "bertpipe": __version__, "torch": torch.__version__,
+        "transformers": transformers.__version__}
+    with_openvino = software_versions(MarkerTotals(runtimes=("torch", "openvino")))
+    openvino = pytest.importorskip("openvino")
+    assert with_openvino["openvino"] == openvino.get_version().split("-")[0]
+    assert installed_versions(("no-such-package-bertpipe",)) == {"no-such-package-bertpipe": ""}

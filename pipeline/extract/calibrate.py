@@ -48,6 +48,7 @@ from .runtime_choice import (
     CACHE_ENV,
     cache_base,
     cpu_has_bf16,
+    installed_versions,
     openvino_installed,
     openvino_supports,
 )
@@ -106,15 +107,7 @@ def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
 
 
 def runtime_versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {}
-    for name in ("torch", "transformers", "openvino"):
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            out[name] = ""
-    return out
+    return installed_versions(("torch", "transformers", "openvino"))
 
 
 def calibration_key(job: Job, weights_sha256: dict[str, str], offered: Sequence[tuple[str, str]],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,18 @@ def cpu_has_bf16() -> bool:
     except OSError:
         return False
     return any(f in flags for f in ("avx512_bf16", "amx_bf16"))
+
+
+def installed_versions(names: Sequence[str]) -> dict[str, str]:
+    """Each package's installed version, from its metadata ("" when it is not installed):
+    no import, so asking costs nothing (importing torch to read `__version__` would cost a
+    process that encodes nothing seconds)."""
+    import importlib.metadata as md
+
+    out = {}
+    for name in names:
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = ""
+    return out

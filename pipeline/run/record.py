@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from ..extract.runtime_choice import installed_versions
 from ..extract.source import Partition
 from ..spec import Job
 from ..stores.markers import MarkerTotals, PartitionMarker
@@ -149,13 +150,10 @@ def build_provenance(job: Job, totals: MarkerTotals, model: dict[str, Any],
 
 def software_versions(totals: MarkerTotals) -> dict[str, str]:
     """bertpipe, torch, transformers and the optional runtimes that ran partitions, as
-    installed (read from their package metadata: importing torch to ask costs a process
-    that encoded nothing itself, the client of a cluster run, seconds)."""
-    from importlib.metadata import version
-
-    return {"bertpipe": __version__, "torch": version("torch"),
-            "transformers": version("transformers"),
-            **{name: version(name) for name in totals.runtimes if name != "torch"}}
+    installed (`installed_versions`: read without importing them)."""
+    others = [name for name in totals.runtimes if name != "torch"]
+    return {"bertpipe": __version__,
+            **installed_versions(("torch", "transformers", *others))}
 
 
 def run_record(kind: str, version: int, started: str, identity: Sequence[InputFile],
