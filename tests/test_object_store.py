@@ -865,6 +865,15 @@ def worked(address: str) -> dict[str, list[str]]:
         return {str(k): list(v) for k, v in client.run(loaded).items()}
 
 
+@contextlib.contextmanager
+def runs_during(address: str) -> Iterator[dict[str, set[str]]]:
+    """Per worker, the runs it ran partitions of during the block (filled in after it)."""
+    before = worked(address)
+    new: dict[str, set[str]] = {}
+    yield new
+    new.update({w: set(names) - set(before.get(w, ())) for w, names in worked(address).items()})
+
+
 @pytest.fixture(scope="module")
 def cluster_apart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """One isolated cluster for the runs of this module (started once): its address and
@@ -887,14 +896,12 @@ def test_cluster_workers_in_their_own_folders_read_and_write_s3(
     # a relative job path and a client-only TMPDIR: what the workers must never need
     write_job(client_dir / "job.yaml", e2e_job(url, tiny_bert, out, fmt, partition_rows=8,
                                                threads_per_worker=1))
-    before = worked(address)
-    done = bertpipe("extract", "job.yaml", "--scheduler", address, cwd=client_dir,
-                    env={"TMPDIR": str(client_dir)})
+    with runs_during(address) as this_run:
+        done = bertpipe("extract", "job.yaml", "--scheduler", address, cwd=client_dir,
+                        env={"TMPDIR": str(client_dir)})
     assert done.returncode == 0, done.stderr
-    after = worked(address)
-    this_run = {w: set(names) - set(before.get(w, ())) for w, names in after.items()}
-    assert len(this_run) == 2 and all(len(new) == 1 for new in this_run.values()), \
-        (before, after)  # both ran partitions of this run
+    # both ran partitions of this run
+    assert len(this_run) == 2 and all(len(new) == 1 for new in this_run.values()), this_run
     import pipeline
 
     got, want = pipeline.open_store(out), pipeline.open_store(e2e[f"{fmt}-local"])
@@ -1019,15 +1026,14 @@ def test_nightly_update_of_an_icechunk_store_on_s3_by_shared_nothing_workers(
     for table, expected in ((_base(), 400), (_updated(), 170)):
         with storefs.resolve(source).writer() as f:
             pq.write_table(table, f)
-        before = worked(address)
-        done = bertpipe("extract", "job.yaml", "--scheduler", address, "--json-summary",
-                        "summary.json", cwd=client_dir, env={"TMPDIR": str(client_dir)})
+        with runs_during(address) as this_run:
+            done = bertpipe("extract", "job.yaml", "--scheduler", address, "--json-summary",
+                            "summary.json", cwd=client_dir, env={"TMPDIR": str(client_dir)})
         assert done.returncode == 0, done.stderr
         summary = json.loads((client_dir / "summary.json").read_text())
         assert summary["rows_by_outcome"]["encoded"] == expected, summary
-        after = worked(address)  # per worker: the runs it ran partitions of
-        this_run = {w: set(names) - set(before.get(w, ())) for w, names in after.items()}
-        assert len(this_run) == 2 and all(this_run.values()), (before, after)
+        # both workers ran partitions of this run
+        assert len(this_run) == 2 and all(len(new) == 1 for new in this_run.values()), this_run
     local = tmp_path / "updated.parquet"
     pq.write_table(_updated(), local)
     scratch = {**job, "input": {**job["input"], "path": str(local)},
