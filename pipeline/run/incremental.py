@@ -33,14 +33,14 @@ import pyarrow.parquet as pq
 
 from ..errors import JobError, StoreError
 from ..extract.source import Partition, plan_partitions
-from ..io.location import Location, resolve
+from ..io.location import Location
 from ..post.apply import load_transform
 from ..spec import InputSpec, Job
 from ..stores import Staging, store_at
 from ..stores.base import StoreFormat
 from ..stores.lock import Fence
 from ..stores.markers import MarkerTotals
-from ..stores.opened import StoreData, open_store_data
+from ..stores.opened import StoreData, open_store_data, store_name
 from ..stores.ownership import inspect_output
 from ..stores.provenance import ModelInfo, Provenance, is_complete
 from .assemble import Assembly, Derived, Source, assemble, streamed_version
@@ -118,8 +118,7 @@ def _complete_store(job: Job, say: Callable[[str], None]) -> tuple[str, Provenan
     raw = fmt.record()
     if raw is None or contents.state != "store" or not is_complete(raw) or not raw.get("job"):
         return None  # the full run refuses, resumes or replaces it by its own rules
-    location = resolve(path)
-    opened = path if location.local else location.url  # as open_store_data names it
+    opened = store_name(path)
     return opened, Provenance.from_dict(raw, opened)
 
 

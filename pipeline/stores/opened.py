@@ -86,10 +86,17 @@ def open_store_data(path: str | Path, require_complete: bool = True,
         return _open(path, require_complete, version, dask)
 
 
+def store_name(path: str) -> str:
+    """How an opened store names itself (errors, its provenance's path): a local path as
+    the user gave it, else the normalized URL."""
+    location = resolve(path)
+    return path if location.local else location.url
+
+
 def _open(path: str, require_complete: bool, version: int | None = None,
           dask: bool = True) -> StoreData:
     location = resolve(path)
-    path = path if location.local else location.url  # a local path as the user gave it
+    path = store_name(path)
     if not location.exists():
         raise StoreError(f"{path}: no such store")
     fmt = detect_format(path)
