@@ -116,6 +116,7 @@ def compare(spec: InputSpec, parts: Sequence[Partition], store: StoreRows,
     """Read the input partition by partition (ids, texts, carried columns) and decide, row
     by row, what the new version holds and what must be encoded."""
     ids, digests, carry = [], [], []
+    copies: list[np.ndarray] = []  # per partition: each row's first store row of its text
     delta: dict[bytes, int] = {}  # digest -> row of the delta
     delta_texts: list[str | None] = []
     store_ids = store.ids
@@ -125,7 +126,8 @@ def compare(spec: InputSpec, parts: Sequence[Partition], store: StoreRows,
         part_ids = _ids_like(rows.ids, store_ids, spec)
         part_digests = pa.array(text_sha256_bytes(rows.texts), DIGEST)
         # encoded unless its text is stored (at its id's row, or an identical text anywhere)
-        wanted = np.flatnonzero(stored.index_in(part_digests) < 0)
+        copies.append(stored.index_in(part_digests))
+        wanted = np.flatnonzero(copies[-1] < 0)
         for i in wanted:
             digest = part_digests[i].as_py()
             if digest not in delta:
@@ -138,13 +140,14 @@ def compare(spec: InputSpec, parts: Sequence[Partition], store: StoreRows,
                        pa.chunked_array(digests, DIGEST),
                        _concat(carry, sum(p.n_rows for p in parts)))
     _check_unique(inputs.ids, spec, parts)
-    return _plan(store, inputs, delta, delta_texts, prune)
+    copy_of = np.concatenate(copies) if copies else np.zeros(0, np.int64)
+    return _plan(store, inputs, copy_of, delta, delta_texts, prune)
 
 
-def _plan(store: StoreRows, inputs: InputRows, delta: dict[bytes, int],
+def _plan(store: StoreRows, inputs: InputRows, copy_of: np.ndarray, delta: dict[bytes, int],
           delta_texts: list[str | None], prune: bool) -> Changes:
+    """`copy_of`: (N,) each input row's first store row holding its text, or -1."""
     at = _indices(pc.index_in(inputs.ids, value_set=store.ids))  # (N,) store row or -1
-    copy_of = _indices(pc.index_in(inputs.digests, value_set=store.digests))
     delta_row = _indices(pc.index_in(inputs.digests,
                                      value_set=pa.array(list(delta), DIGEST)))
     n_store = len(store)
