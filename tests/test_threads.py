@@ -127,11 +127,13 @@ def test_the_cli_sets_the_wait_policy_before_torch_loads(tmp_path: Path) -> None
 @pytest.mark.cluster
 @pytest.mark.parametrize("runtime", ["torch", "openvino"])
 def test_a_one_thread_dask_worker_runs_one_encoder_thread(
-        runtime: str, tmp_path: Path, tiny_bert: Path) -> None:
+        runtime: str, tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A LocalCluster worker with nthreads=1, on a machine with more CPUs: torch in the
     worker's encode thread, and OpenVINO's compiled model, use one thread."""
     if runtime == "openvino" and importlib.util.find_spec("openvino") is None:
         pytest.skip("the openvino runtime is optional")
+    # the worker's nthreads alone must bound it (the test workers' own share is unset here)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     if threads.allot().threads < 2:
         pytest.skip("needs a process allowed two CPUs, else one thread proves nothing")
     import torch
