@@ -97,16 +97,22 @@ def test_a_run_with_nothing_to_encode_imports_no_torch(tmp_path: Path, tiny_bert
     assert [m for m in imported if m in ("torch", "transformers")] == []
 
 
-def test_the_runtime_of_a_job_that_fixes_it_is_decided_without_torch(tmp_path: Path,
-                                                                      tiny_bert: Path) -> None:
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_the_runtime_of_a_job_that_fixes_it_is_decided_without_torch(
+        tmp_path: Path, tiny_bert: Path, device: str) -> None:
     """The client of a cluster run decides the workers' runtime and encodes nothing: for a
-    job on the CPU that names its runtime and dtype, that costs no torch import."""
+    job on the CPU that names its runtime and dtype, that costs no torch import (nor on
+    `device: auto` where no GPU device node exists)."""
     import json
     import subprocess
     import sys
 
-    job = write_job(tmp_path / "job.yaml", job_dict(tmp_path / "in.parquet", tiny_bert,
-                                                    tmp_path / "o.zarr"))
+    from pipeline.extract.runtime_choice import gpu_device_nodes
+
+    if device == "auto" and (sys.platform != "linux" or gpu_device_nodes()):
+        pytest.skip("a GPU device node is here: torch must be asked")
+    raw = job_dict(tmp_path / "in.parquet", tiny_bert, tmp_path / "o.zarr")
+    job = write_job(tmp_path / "job.yaml", {**raw, "model": {**raw["model"], "device": device}})
     code = ("import json, sys, yaml; from pipeline.spec import Job; "
             "from pipeline.extract.calibrate import decide; "
             f"job = Job.from_dict(yaml.safe_load(open({str(job)!r}))); "
@@ -128,3 +134,26 @@ def test_inspect_imports_no_torch(tmp_path: Path, tiny_bert: Path) -> None:
     imported, output = _modules_after(["inspect", str(tmp_path / "o.zarr")], tmp_path)
     assert "vocabulary fit" in output and "most fragmented frequent words" in output
     assert imported == []
+
+
+def test_device_auto_asks_torch_only_where_a_gpu_device_node_exists(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    import torch
+
+    from pipeline.extract import model, runtime_choice
+
+    assert runtime_choice.gpu_device_nodes(tmp_path) == []
+    for name in ("nvidiactl", "dxg", "kfd"):
+        (tmp_path / name).touch()
+    assert runtime_choice.gpu_device_nodes(tmp_path) == ["nvidiactl", "dxg", "kfd"]
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(model, "resolve_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(runtime_choice, "gpu_device_nodes", lambda: ["nvidiactl"])
+    assert runtime_choice.device_type("auto") == "cuda"  # torch was asked
+    monkeypatch.setattr(runtime_choice, "gpu_device_nodes", lambda: [])
+    assert runtime_choice.device_type("auto") == "cpu"
+    assert runtime_choice.device_type("cuda") == "cuda"  # named: always torch's answer
+    monkeypatch.setattr(sys, "platform", "win32")  # no /dev to look in: torch is asked
+    assert runtime_choice.device_type("auto") == "cuda"

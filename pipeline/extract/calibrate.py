@@ -48,6 +48,7 @@ from .runtime_choice import (
     CACHE_ENV,
     cache_base,
     cpu_has_bf16,
+    device_type,
     installed_versions,
     openvino_installed,
     openvino_supports,
@@ -82,7 +83,7 @@ def candidates(job: Job, config: Any) -> list[tuple[str, str]]:
     """(runtime, dtype) pairs the job leaves open on this machine; [] on a GPU (auto keeps
     its rules there: torch, bf16 or f16 by what the GPU supports)."""
     spec = job.model
-    if on_gpu(spec.device):
+    if device_type(spec.device) == "cuda":
         return []
     runtimes = [spec.runtime] if spec.runtime != "auto" else \
         ["torch"] + (["openvino"] if openvino_installed() and openvino_supports(config) else [])
@@ -203,16 +204,6 @@ def write_cached(path: Path, key: dict[str, Any], choice: RuntimeChoice) -> None
         os.replace(tmp, path)
     except OSError as exc:
         raise _unwritable(path.parent, exc) from None
-
-
-def on_gpu(device: str) -> bool:
-    """Whether `model.device` puts the model on a GPU; a job on the CPU asks no more (torch,
-    to look for one, costs a process that encodes nothing itself seconds)."""
-    if device == "cpu":
-        return False
-    from .model import resolve_device
-
-    return resolve_device(device).type == "cuda"
 
 
 def load_candidate(job: Job, runtime: str, dtype: str) -> Extractor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,22 @@ def openvino_supports(config: Any) -> bool:
     return str(config.model_type) == "bert" and not getattr(config, "is_decoder", False)
 
 
+# The device nodes through which a GPU reaches a process on Linux: NVIDIA's driver, WSL 2's
+# paravirtual GPU and ROCm's kernel driver (torch's ROCm build answers torch.cuda too).
+GPU_DEVICE_NODES = ("nvidiactl", "dxg", "kfd")
+
+
+def gpu_device_nodes(dev: Path = Path("/dev")) -> list[str]:
+    """The GPU device nodes this process can see."""
+    return [name for name in GPU_DEVICE_NODES if (dev / name).exists()]
+
+
 def device_type(name: str) -> str:
-    """`cpu` or `cuda` for `model.device`; a ModelError for cuda where there is none."""
+    """`cpu` or `cuda` for `model.device`; a ModelError for cuda where there is none. On
+    Linux with no GPU device node torch can find no CUDA device either, so `auto` is the
+    CPU without importing torch (seconds, in a process that may encode nothing itself)."""
+    if name == "cpu" or (name == "auto" and sys.platform == "linux" and not gpu_device_nodes()):
+        return "cpu"
     from .model import resolve_device  # why here: it asks torch, which takes seconds to import
 
     return resolve_device(name).type
