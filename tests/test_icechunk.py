@@ -28,9 +28,12 @@ from pipeline.stores.verify import verify_store
 from tests.conftest import REVIEWS, assert_same_results, job_dict, plain_docs, whitened_in_place
 
 
-def _texts(n: int) -> list[str]:
+def _texts(n: int, chars: int | None = None) -> list[str]:
+    """`n` distinct sample reviews; cut to their first `chars` characters where a test's
+    point is which rows and chunks a run touches (a whole review is ~10 chunks of 16
+    tokens, each a row of every chunk-level array to write)."""
     texts = pq.read_table(REVIEWS).column("text").to_pylist()
-    return [f"{texts[i % len(texts)]} ({i})" for i in range(n)]  # distinct
+    return [f"{texts[i % len(texts)][:chars]} ({i})" for i in range(n)]  # distinct
 
 
 def _input(path: Path, texts: list[str]) -> Path:
@@ -117,7 +120,7 @@ def test_an_update_writes_only_the_chunks_that_changed(
     (rows 160-163: a new chunk 10). The commit writes chunks 2 and 10 of the docs arrays
     and nothing else, and the result equals a run from scratch."""
     monkeypatch.setattr(icechunk_store, "ICECHUNK_ROWS_PER_CHUNK", 16)
-    texts = _texts(164)
+    texts = _texts(164, chars=120)
     source = _input(tmp_path / "in.parquet", texts[:160])
     job = _job(tmp_path, tiny_bert, source, incremental=True)
     run_job(job)
@@ -154,7 +157,7 @@ def test_an_update_reads_only_the_chunks_it_may_change(
     from pipeline.run import assemble
 
     monkeypatch.setattr(icechunk_store, "ICECHUNK_ROWS_PER_CHUNK", 8)
-    texts = _texts(100)
+    texts = _texts(100, chars=120)
     source = _input(tmp_path / "in.parquet", texts[:96])
     job = _job(tmp_path, tiny_bert, source, incremental=True)
     run_job(job)
