@@ -11,7 +11,9 @@ def _share_the_cores_between_test_workers() -> None:
     1.6x the CPU seconds. A user's own OMP_* settings win."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers:
-        share = max(1, len(os.sched_getaffinity(0)) // workers)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else os.cpu_count() or 1
+        share = max(1, cores // workers)
         os.environ.setdefault("OMP_NUM_THREADS", str(share))
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

@@ -34,8 +34,8 @@ def _command(port: int) -> list[str]:
 
 
 def _serve(argv: list[str]) -> None:
-    """moto's `moto_server`, less two costs paid on every request that were a third of its
-    CPU in the object-store tests: finding the backend lists moto's package folder (a
+    """moto's `moto_server`, less two costs paid on every request (a quarter of its CPU in
+    the object-store tests): finding the backend lists moto's package folder (a
     directory listing and a stat per entry) where the list never changes, and werkzeug logs
     a line per request (errors are still logged)."""
     import logging
