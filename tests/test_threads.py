@@ -5,6 +5,9 @@ idle OpenMP threads wait; and the thread counts a real Dask worker's runtimes us
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -157,3 +160,30 @@ def test_a_one_thread_dask_worker_runs_one_encoder_thread(
         if runtime == "openvino":
             compiled = extractor.encoder.forward.compiled
             assert int(compiled.get_property("INFERENCE_NUM_THREADS")) == 1
+
+
+# ---- the test workers' own share -----------------------------------------------------------
+
+def test_test_workers_take_their_share_of_the_allotment_and_wait_quietly() -> None:
+    """tests/__init__.py under pytest-xdist: each of N workers gets allotted // N threads (at
+    least one) and the quiet wait policy; outside xdist, or with the user's own settings,
+    nothing changes."""
+    repo = str(Path(__file__).resolve().parent.parent)
+    probe = ("import os, tests; from pipeline.extract import threads; "
+             "print(os.environ.get('OMP_NUM_THREADS'), os.environ.get('OMP_WAIT_POLICY'), "
+             "threads.allot(env={}).threads)")
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("OMP_NUM_THREADS", "PYTEST_XDIST_WORKER_COUNT", *threads.WAIT_KEYS)}
+
+    def seen(**env: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                             env={**base, **env, "PYTHONPATH": repo}, cwd=repo, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    omp, policy, allotted = seen(PYTEST_XDIST_WORKER_COUNT="2")
+    assert (omp, policy) == (str(max(1, int(allotted) // 2)), "PASSIVE")
+    assert seen(PYTEST_XDIST_WORKER_COUNT="64")[:2] == ["1", "PASSIVE"]
+    assert seen()[:2] == ["None", "None"]
+    assert seen(PYTEST_XDIST_WORKER_COUNT="2", OMP_NUM_THREADS="3",
+                OMP_WAIT_POLICY="ACTIVE")[:2] == ["3", "ACTIVE"]
