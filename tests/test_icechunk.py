@@ -116,14 +116,20 @@ def test_keys_are_asked_in_one_call_a_bounded_number_at_a_time(
 @pytest.mark.slow  # several runs each: in make test, not make test-fast
 def test_an_update_writes_only_the_chunks_that_changed(
         tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """160 rows in chunks of 16; one text changed (row 37: chunk 2) and 4 rows added
-    (rows 160-163: a new chunk 10). The commit writes chunks 2 and 10 of the docs arrays
-    and nothing else, and the result equals a run from scratch."""
+    """160 rows in chunks of 16; one text changed (row 37: chunk 2) and 4 rows added. The
+    edit is appended after the old rows, before the new ones (rows 160-164: chunk 10); row
+    37 is kept, flagged: the commit writes chunk 10 of every docs array and chunk 2 of
+    `present` only, nothing of the chunks level before its first appended chunk (the
+    edited text has fewer chunks: in place, every chunk after it would have moved), and
+    the current rows equal a run from scratch."""
+    from tests.test_incremental import assert_same_rows
+
     monkeypatch.setattr(icechunk_store, "ICECHUNK_ROWS_PER_CHUNK", 16)
     texts = _texts(164, chars=120)
     source = _input(tmp_path / "in.parquet", texts[:160])
     job = _job(tmp_path, tiny_bert, source, incremental=True)
     run_job(job)
+    chunk_rows = int(pipeline.open_store(job.output.path).chunks.sizes["chunk"])
     texts[37] = "a text that changed overnight"
     _input(source, texts)
     summary = run_job(job, incremental=True)
@@ -132,17 +138,22 @@ def test_an_update_writes_only_the_chunks_that_changed(
     diff = _repository(Path(job.output.path)).diff(from_snapshot_id=v0.snapshot,
                                                    to_snapshot_id=v1.snapshot)
     touched = {path: {coords[0] for coords in chunks}
-               for path, chunks in diff.updated_chunks.items() if path.startswith("/docs/")}
-    assert touched["/docs/mean"] == {2, 10} and touched["/docs/cls"] == {2, 10}
-    assert touched["/docs/id"] == {10}  # ids of kept rows never move
-    assert all(chunks <= {2, 10} for chunks in touched.values()), touched
+               for path, chunks in diff.updated_chunks.items()}
+    docs = {path: found for path, found in touched.items() if path.startswith("/docs/")}
+    assert docs["/docs/mean"] == {10} and docs["/docs/cls"] == {10}
+    assert docs["/docs/present"] == {2, 10}
+    assert all(found <= {2, 10} for found in docs.values()), docs
+    assert all(found <= {10} for path, found in docs.items() if path != "/docs/present")
+    first_appended = chunk_rows // 16
+    chunks = {path: found for path, found in touched.items() if path.startswith("/chunks/")}
+    assert chunks["/chunks/mean"] and min(chunks["/chunks/mean"]) == first_appended
+    assert all(min(found) >= first_appended for found in chunks.values()), chunks
+    now = pipeline.open_store(job.output.path)
+    assert np.asarray(now.docs["id"].values)[[37, 160]].tolist() == ["r37", "r37"]
+    assert np.asarray(now.docs["present"].values)[[37, 160]].tolist() == [False, True]
     scratch = _job(tmp_path, tiny_bert, source, name="scratch")
     run_job(scratch)
-    now, fresh = pipeline.open_store(job.output.path), pipeline.open_store(scratch.output.path)
-    for view in ("mean", "cls"):
-        np.testing.assert_allclose(now.vectors(view), fresh.vectors(view), atol=1e-5)
-        np.testing.assert_allclose(now.vectors(view, "chunks"), fresh.vectors(view, "chunks"),
-                                   atol=1e-5)
+    assert_same_rows(now, pipeline.open_store(scratch.output.path), ["mean", "cls"])
     assert verify_store(job.output.path) == []
 
 

@@ -4,8 +4,11 @@ Every row of the new version gets a source for its results (the store's current 
 or the delta of texts this run encodes) and, for its id and carried columns, the input row
 it comes from (or, for a row whose id is gone from the input and is kept, its store row).
 
-Order of the new version: the store's rows keep their positions (a changed text is
-replaced in place, a pruned row is dropped), then the rows with new ids, in input order.
+Order of the new version: the store's rows keep their positions (a pruned row is
+dropped), then the rows with new ids, in input order. A changed text either replaces its
+row in place or, for a format that updates its arrays in place (Icechunk), is added at the
+end with the new ids while its old row stays where it was, flagged `present: false` and
+superseded: the id's current row is always its last.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from ..spec import InputSpec
 
 DIGEST = pa.binary(32)  # a text's SHA-256 while comparing (stored as hex)
 READ_ROWS = 65536  # the store's digests are read and converted this many at a time
+# Superseded rows (edits appended) are kept until they would pass this share of the new
+# version's rows; that update then drops them all and makes its edits in place (rows move
+# from the first dropped one on, as in a prune)
+SUPERSEDED_SHARE = 0.10
 
 
 def from_hex(hexes: pa.Array) -> pa.Array:
@@ -96,6 +103,9 @@ class Changes:
     unchanged: int = 0
     gone: int = 0
     pruned: int = 0
+    superseded: int = 0  # rows the new version keeps, flagged, whose id has a later row
+    dropped: int = 0  # superseded rows removed (a prune, or past SUPERSEDED_SHARE)
+    appended_edits: bool = False  # changed texts were added at the end, not made in place
 
     @property
     def rows(self) -> int:
@@ -112,9 +122,12 @@ class Changes:
 
 
 def compare(spec: InputSpec, parts: Sequence[Partition], store: StoreRows,
-            prune: bool) -> Changes:
+            prune: bool, append_edits: bool = False) -> Changes:
     """Read the input partition by partition (ids, texts, carried columns) and decide, row
-    by row, what the new version holds and what must be encoded."""
+    by row, what the new version holds and what must be encoded. `append_edits`: a changed
+    text is added at the end and its old row kept, flagged (for a format that writes only
+    the chunks that differ: an edit then rewrites none of its neighbours); else it replaces
+    the old row in place."""
     ids, digests, carry = [], [], []
     copies: list[np.ndarray] = []  # per partition: each row's first store row of its text
     delta: dict[bytes, int] = {}  # digest -> row of the delta
@@ -141,22 +154,36 @@ def compare(spec: InputSpec, parts: Sequence[Partition], store: StoreRows,
                        _concat(carry, sum(p.n_rows for p in parts)))
     _check_unique(inputs.ids, spec, parts)
     copy_of = np.concatenate(copies) if copies else np.zeros(0, np.int64)
-    return _plan(store, inputs, copy_of, delta, delta_texts, prune)
+    return _plan(store, inputs, copy_of, delta, delta_texts, prune, append_edits)
 
 
 def _plan(store: StoreRows, inputs: InputRows, copy_of: np.ndarray, delta: dict[bytes, int],
-          delta_texts: list[str | None], prune: bool) -> Changes:
+          delta_texts: list[str | None], prune: bool, append_edits: bool) -> Changes:
     """`copy_of`: (N,) each input row's first store row holding its text, or -1."""
-    at = _indices(pc.index_in(inputs.ids, value_set=store.ids))  # (N,) store row or -1
+    at = _current_rows(store.ids, inputs.ids)  # (N,) the store row holding the id now, or -1
+    found = np.flatnonzero(at >= 0)
+    edited = found[~_np(pc.equal(store.digests.take(pa.array(at[found])),
+                                 inputs.digests.take(pa.array(found))))]  # input rows
+    superseded = ~_last_of_each_id(store.ids)  # by an edit an earlier update appended
+    # edits are appended unless this update drops rows anyway (a prune, or superseded rows
+    # past their share): rows then move from the first dropped one on, so edits are made in
+    # place and every superseded row is dropped
+    compact = prune or (append_edits and _compaction_due(
+        int(superseded.sum()) + len(edited), len(store) + len(at) - len(found) + len(edited)))
+    append = append_edits and not compact
+    edited_store = np.zeros(len(store), bool)
+    edited_store[at[edited]] = append
+    if append:  # the old row keeps its place (and its chunks), flagged; the edit follows
+        at[edited] = -1
     delta_row = _indices(pc.index_in(inputs.digests,
                                      value_set=pa.array(list(delta), DIGEST)))
-    n_store = len(store)
-    input_of = np.full(n_store, -1, np.int64)  # store row -> input row
+    input_of = np.full(len(store), -1, np.int64)  # store row -> input row
     input_of[at[at >= 0]] = np.flatnonzero(at >= 0)
-    gone = input_of < 0
-    kept = ~gone | (not prune)
+    stale = (input_of < 0) & (superseded | edited_store)
+    gone = (input_of < 0) & ~stale  # ids no longer in the input
+    new_rows = np.flatnonzero(at < 0)  # input rows appended, in input order
+    kept = (input_of >= 0) | (gone & (not prune)) | (stale & (not compact))
     old_rows = np.flatnonzero(kept)
-    new_rows = np.flatnonzero(at < 0)  # input rows with new ids, in input order
     input_row = np.concatenate([input_of[old_rows], new_rows])
     store_row = np.concatenate([old_rows, np.full(len(new_rows), -1, np.int64)])
     same = np.zeros(len(input_row), bool)
@@ -165,7 +192,7 @@ def _plan(store: StoreRows, inputs: InputRows, copy_of: np.ndarray, delta: dict[
     matched = in_old[has_input]  # store rows whose id is in the input
     same[matched] = _np(pc.equal(store.digests.take(pa.array(store_row[matched])),
                                  inputs.digests.take(pa.array(input_row[matched]))))
-    same[in_old[~has_input]] = True  # a gone row keeps what it had
+    same[in_old[~has_input]] = True  # a gone or superseded row keeps what it had
     # results: the row's own (unchanged or gone), an identical stored text, or the delta
     from_store = same.copy()
     source = np.where(same, store_row, -1)
@@ -175,13 +202,35 @@ def _plan(store: StoreRows, inputs: InputRows, copy_of: np.ndarray, delta: dict[
     source[need] = np.where(copies >= 0, copies, delta_row[input_row[need]])
     if (source < 0).any():  # every needed text is stored or in the delta, by construction
         raise StoreError("internal: a row of the new version has no source")
-    replaced = int((~same[in_old]).sum())
     return Changes(
         from_store=from_store, source=source, input_row=input_row, store_row=store_row,
         inputs=inputs, delta_digests=list(delta), delta_texts=delta_texts,
-        added=len(new_rows), replaced=replaced,
-        unchanged=int(has_input.sum()) - replaced, gone=int(gone.sum()),
-        pruned=int(gone.sum()) if prune else 0)
+        added=len(new_rows) - (len(edited) if append else 0), replaced=len(edited),
+        unchanged=len(found) - len(edited), gone=int(gone.sum()),
+        pruned=int(gone.sum()) if prune else 0,
+        superseded=int((stale & kept).sum()),
+        dropped=int((stale & ~kept).sum()), appended_edits=append)
+
+
+def _compaction_due(superseded: int, rows: int) -> bool:
+    """Superseded rows would pass their share of the new version's rows."""
+    return superseded > SUPERSEDED_SHARE * rows
+
+
+def _current_rows(store_ids: pa.Array, ids: pa.ChunkedArray) -> np.ndarray:
+    """(N,) int64: the store row holding each id now (the last row with that id: an edit
+    appended after its superseded copies comes last), -1 for an id the store lacks."""
+    n = len(store_ids)
+    backwards = store_ids.take(pa.array(np.arange(n - 1, -1, -1, dtype=np.int64)))
+    found = _indices(pc.index_in(ids, value_set=backwards))
+    return np.where(found >= 0, n - 1 - found, -1)
+
+
+def _last_of_each_id(store_ids: pa.Array) -> np.ndarray:
+    """(rows,) bool: the row is the last of the store's rows with its id."""
+    n = len(store_ids)
+    return _current_rows(store_ids, pa.chunked_array([store_ids], store_ids.type)) == \
+        np.arange(n)
 
 
 class DigestLookup:

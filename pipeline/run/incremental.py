@@ -4,7 +4,9 @@ The input is compared with the store's current version by id and by each text's 
 (`compare`). Rows whose id is known and whose text is the same keep their stored results;
 new ids and changed texts need results, which are copied from an identical stored text
 when there is one, else encoded, each distinct text once. Ids gone from the input stay
-with `present: false`, or are removed with `prune`.
+with `present: false`, or are removed with `prune`. On a format that updates its arrays in
+place, a changed text is appended and its old row kept, flagged, until superseded rows pass
+a tenth of the store (`compare.SUPERSEDED_SHARE`) or a prune drops them.
 
 The distinct texts to encode (the delta) are written to the staging area as a Parquet
 table and run through the ordinary partition machinery (markers, lock, resume, either
@@ -85,10 +87,12 @@ def run_incremental(ctx: RunContext, executor: Executor | None, on_done: OnDone 
     with executor, output:
         # under the lock: the version this run builds on; read by ranges, without dask
         store = open_store_data(path, dask=False)
-        changes = compare(job.input, ctx.parts, StoreRows.of(store.docs, store.path), prune)
+        changes = compare(job.input, ctx.parts, StoreRows.of(store.docs, store.path), prune,
+                          append_edits=store.fmt.appends_edits)
         say(f"incremental: {changes.added} new, {changes.replaced} changed, "
             f"{changes.unchanged} unchanged, {changes.gone} gone; {changes.encoded} texts "
-            f"to encode ({changes.copied} rows copy an identical text)")
+            f"to encode ({changes.copied} rows copy an identical text)"
+            + _superseded_note(changes))
         staging, delta_job, parts, delta_fp = _stage_delta(ctx, store, changes,
                                                            output.lock.fence())
         # the runtime and dtype the store was made with: its versions never mix them
@@ -120,6 +124,15 @@ def _complete_store(job: Job, say: Callable[[str], None]) -> tuple[str, Provenan
         return None  # the full run refuses, resumes or replaces it by its own rules
     opened = store_name(path)
     return opened, Provenance.from_dict(raw, opened)
+
+
+def _superseded_note(changes: Changes) -> str:
+    """What happens to the rows that edits superseded (a format that appends edits)."""
+    if changes.dropped:
+        return f"; {changes.dropped} superseded rows dropped"
+    if changes.superseded:
+        return f"; {changes.superseded} superseded rows kept, flagged present=false"
+    return ""
 
 
 def _summarised(summary: RunSummary, provenance: Provenance, changes: Changes,

@@ -108,6 +108,10 @@ class StoreFormat(ABC):
     # True when a new version is written into the current arrays (only what differs):
     # `write_streamed_version` instead of `write_version` from staged parts
     writes_in_place: ClassVar[bool] = False
+    # True when an update adds a changed text as a new row at the end and leaves its old
+    # row in place, flagged (compare.py): where a write costs whole chunks of rows, an edit
+    # in place would rewrite its neighbours' chunks too
+    appends_edits: ClassVar[bool] = False
 
     def __init__(self, path: str) -> None:
         self.path = str(path)

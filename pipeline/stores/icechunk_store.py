@@ -145,6 +145,7 @@ class IcechunkFormat(ZarrFormat):
     # a snapshot never changes: a reader stays on the one it opened
     atomic_switch = True
     writes_in_place = True
+    appends_edits = True
 
     def __init__(self, path: str, version: int | None = None) -> None:
         super().__init__(path)
