@@ -49,13 +49,16 @@ class TokenVectors:
 
 class Store(StoreData):
     def row_of(self, id_value: object) -> int:
-        """The row of the document whose id is `id_value`. An id that names several rows
-        (a job with `input.unique_ids: false`) is refused as ambiguous, never guessed."""
+        """The row of the document whose id is `id_value` (its current row: an edit
+        appended after a superseded one is). An id that names several rows (a job with
+        `input.unique_ids: false`) is refused as ambiguous, never guessed."""
         ids = np.asarray(self.docs["id"].values)
         found = np.flatnonzero(ids == id_value)
         if not len(found):
             raise StoreError(f"{self.path}: no document with id {id_value!r}"
                              f"{_id_hint(ids, id_value)}")
+        if len(found) > 1 and self.superseded()[found[:-1]].all():
+            found = found[-1:]  # earlier rows of the id were superseded by an edit
         if len(found) > 1:
             rows = ", ".join(str(r) for r in found[:5]) + (", ..." if len(found) > 5 else "")
             raise StoreError(f"{self.path}: id {id_value!r} is ambiguous: it names "

@@ -339,3 +339,50 @@ def test_a_view_whitened_in_place_to_fewer_dimensions(tmp_path: Path, tiny_bert:
     np.testing.assert_array_equal(got, want)
     assert verify_store(str(tmp_path / "w.icechunk")) == []
     assert ".mean.tmp" not in plain_docs(tmp_path / "w.icechunk").variables
+
+
+def test_rows_an_edit_superseded_are_left_out_of_lookups_searches_and_probes(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    """After an update that edits row 5 (its old row kept, flagged; the edit appended as
+    row 40): `row_of` gives the current row, a search by the old text never returns the
+    superseded row or its chunks (exact scan and saved index, every row asked for: each
+    current id once), a probe leaves it out, and `inspect` tells it from a gone row."""
+    from pipeline.analysis.index import build_index
+    from pipeline.analysis.probe import load_labels, run_probe
+
+    texts = _texts(40, chars=120)
+    source = tmp_path / "in.parquet"
+    labels = ["pos" if i % 2 else "neg" for i in range(40)]
+
+    def write(rows: list[str]) -> None:
+        pq.write_table(pa.table({"id": [f"r{i}" for i in range(len(rows))], "text": rows,
+                                 "label": labels[: len(rows)]}), source)
+
+    write(texts)
+    raw = job_dict(source, tiny_bert, tmp_path / "o.icechunk", input={"carry_columns": ["label"]},
+                   output={"format": "icechunk", "incremental": True})
+    job = Job.from_dict(raw)
+    run_job(job)
+    old_text, texts[5] = texts[5], "a text that changed overnight"
+    write(texts[:39])  # r39 gone: kept, flagged, and still searched
+    run_job(job, incremental=True)
+    store = pipeline.open_store(job.output.path)
+    assert store.superseded().tolist() == [i == 5 for i in range(41)]
+    assert store.row_of("r5") == 40
+    for exact in (True, False):
+        if not exact:
+            build_index(store, "mean", "docs")
+            build_index(store, "mean", "chunks")
+        hits = store.search(old_text, k=41, exact=exact)
+        assert 5 not in [h.row for h in hits] and len(hits) == 40
+        assert sorted(h.id for h in hits) == sorted(f"r{i}" for i in range(40))
+        chunk_hits = store.search(old_text, k=10, level="chunks", exact=exact)
+        assert chunk_hits and all(h.row != 5 for h in chunk_hits)
+    report = run_probe(store, load_labels(store, "label"), ["mean"], folds=2)
+    assert report.dropped["superseded"] == 1 and report.n_rows == 40
+    shown = CliRunner().invoke(main, ["inspect", str(job.output.path)])
+    assert "1 rows flagged present=false (ids gone" in shown.output
+    assert "1 rows superseded by an edit" in shown.output
+    as_json = json.loads(CliRunner().invoke(main, ["inspect", str(job.output.path),
+                                                   "--json"]).output)
+    assert (as_json["flagged_gone"], as_json["superseded"]) == (1, 1)

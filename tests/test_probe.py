@@ -114,7 +114,8 @@ def test_rows_without_a_label_are_counted_as_dropped(store: pipeline.Store) -> N
     labels = load_labels(store, "label").copy()
     labels.iloc[:7] = None
     report = run_probe(store, labels, ["l2_mean"], folds=2)
-    assert report.dropped == {"no_vector": 0, "no_label": 7} and report.n_rows == N - 7
+    assert report.dropped == {"no_vector": 0, "no_label": 7, "superseded": 0}
+    assert report.n_rows == N - 7
 
 
 def test_labels_joined_from_file(store: pipeline.Store, tmp_path: Path) -> None:

@@ -63,19 +63,25 @@ def _choice_lines(choice: RuntimeChoice | None) -> list[str]:
     return lines
 
 
-def _flagged(store: Store) -> int:
-    """Rows an incremental run kept although their ids are gone from the input."""
+def _flagged(store: Store) -> tuple[int, int]:
+    """Rows an incremental run kept with present=false: (ids gone from the input, rows an
+    edit superseded)."""
     if "present" not in store.docs:
-        return 0
-    return int((~np.asarray(store.docs["present"].values, dtype=bool)).sum())
+        return 0, 0
+    flagged = int((~np.asarray(store.docs["present"].values, dtype=bool)).sum())
+    superseded = int(store.superseded().sum())
+    return flagged - superseded, superseded
 
 
 def _history_lines(store: Store) -> list[str]:
     """The store's version and one line per run that wrote it, oldest first."""
     prov = store.provenance
-    flagged = _flagged(store)
-    lines = [f"version    {prov.version}" + (f"; {flagged} rows flagged present=false (ids "
-                                                "gone from the input)" if flagged else "")]
+    gone, superseded = _flagged(store)
+    said = [f"{gone} rows flagged present=false (ids gone from the input)"] if gone else []
+    if superseded:
+        said.append(f"{superseded} rows superseded by an edit (present=false; the id's "
+                    "current row follows)")
+    lines = [f"version    {prov.version}" + "".join(f"; {s}" for s in said)]
     readable = store.fmt.version_numbers()
     if len(readable) > 1:
         lines.append(f"{' ' * 11}versions kept: {', '.join(map(str, readable))} "
@@ -224,7 +230,8 @@ def store_facts(store: Store) -> dict[str, Any]:
         "device": prov.device, "dtype": prov.dtype, "created": prov.created,
         "versions": prov.versions, "stats": prov.stats,
         "version": prov.version, "readable_versions": store.fmt.version_numbers(),
-        "flagged_gone": _flagged(store),
+        "flagged_gone": _flagged(store)[0],
+        "superseded": _flagged(store)[1],
         "history": [dataclasses.asdict(run) for run in prov.history],
         "runtime_choice": (dataclasses.asdict(prov.runtime_choice)
                            if prov.runtime_choice else None),

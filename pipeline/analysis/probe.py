@@ -192,11 +192,14 @@ def run_probe(store: Store, labels: pd.Series, views: Sequence[str] | None = Non
     each fold of the scalar mix (its fits take minutes on real stores)."""
     if folds < 2:
         raise OptionError(f"--folds: {folds}; cross-validation needs at least 2 folds")
+    # a row an edit superseded holds an old text: left out, as its id's current row counts
+    current = ~store.superseded()
     has_vector = np.asarray(store.docs["status"].values) == "ok"
     has_label = labels.notna().to_numpy()
-    ok = has_vector & has_label
-    dropped = {"no_vector": int((~has_vector).sum()),
-               "no_label": int((has_vector & ~has_label).sum())}
+    ok = has_vector & has_label & current
+    dropped = {"no_vector": int((~has_vector & current).sum()),
+               "no_label": int((has_vector & ~has_label & current).sum()),
+               "superseded": int((~current).sum())}
     if not ok.any():
         raise ProbeError(f"no row has both a document vector and a label ({dropped['no_vector']}"
                          f" without a vector, {dropped['no_label']} without a label): nothing "

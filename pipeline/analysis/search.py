@@ -74,25 +74,31 @@ def top_k(store: Store, queries: np.ndarray, view: str, k: int = 10, level: str 
 
         index = load_index(store, view, level)
         if index is not None:
-            scores, rows = index_search(index, queries, k)
-            return [_hits(store, r[r >= 0], s[r >= 0], level)
-                    for r, s in zip(rows, scores, strict=True)]
+            left_out = store.superseded(level)
+            # enough hits that k remain once the superseded rows among them are left out
+            scores, rows = index_search(index, queries, k + int(left_out.sum()))
+            kept = [(r >= 0) & ~left_out[np.maximum(r, 0)] for r in rows]
+            return [_hits(store, r[keep][:k], s[keep][:k], level)
+                    for r, s, keep in zip(rows, scores, kept, strict=True)]
     return exact_top_k(store, queries, view, k, level)
 
 
 def exact_top_k(store: Store, queries: np.ndarray, view: str, k: int = 10,
                 level: str = "docs") -> list[list[Hit]]:
-    """Exact cosine top-k, streaming the store in row blocks (bounded memory)."""
+    """Exact cosine top-k, streaming the store in row blocks (bounded memory); rows an
+    edit superseded are left out."""
     data = store.docs if level == "docs" else store.chunks
     if data is None:
         raise StoreError(f"{store.path}: chunk vectors were not stored (output.levels)")
     array = data[view].data
+    left_out = store.superseded(level)
     q = unit_rows(np.asarray(queries, dtype=np.float64))  # (Q, D)
     best_scores = np.full((len(q), 0), -np.inf)
     best_rows = np.zeros((len(q), 0), dtype=np.int64)
     for start in range(0, array.shape[0], BLOCK_ROWS):
         block = unit_rows(np.asarray(array[start : start + BLOCK_ROWS], dtype=np.float64))
         scores = np.nan_to_num(q @ block.T, nan=-np.inf)  # (Q, B): empty rows never match
+        scores[:, left_out[start : start + len(block)]] = -np.inf
         rows = np.broadcast_to(np.arange(start, start + len(block)), scores.shape)
         best_scores = np.concatenate([best_scores, scores], axis=1)
         best_rows = np.concatenate([best_rows, rows], axis=1)

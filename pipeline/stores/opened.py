@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ class StoreData:
     docs: xr.Dataset
     chunks: xr.Dataset | None
     token_dataset: xr.Dataset | None = None
+    _superseded: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def format(self) -> str:
@@ -59,6 +60,20 @@ class StoreData:
             raise StoreError(f"{self.path}: chunk vectors were not stored (output.levels)")
         return data
 
+    def superseded(self, level: str = "docs") -> np.ndarray:
+        """(rows,) bool of `level`: rows an edit superseded (an Icechunk update appends a
+        changed text and keeps the old row, `present: false`; the id's current row is its
+        last). Searches and probes leave them out; a store never updated has none."""
+        if self._superseded is None:
+            self._superseded = superseded_rows(
+                np.asarray(self.docs["id"].values),
+                np.asarray(self.docs["present"].values, dtype=bool)) \
+                if "present" in self.docs else np.zeros(self.docs.sizes.get("doc", 0), bool)
+        docs = self._superseded
+        if level == "docs" or not docs.any():
+            return docs if level == "docs" else np.zeros(self.level(level).sizes["chunk"], bool)
+        return docs[np.asarray(self.level(level)["doc"].values, dtype=np.int64)]
+
     def vectors(self, view: str, level: str = "docs") -> np.ndarray:
         """One view as an in-memory (N, D) array."""
         data = self.docs if level == "docs" else self.chunks
@@ -70,6 +85,17 @@ class StoreData:
     def __repr__(self) -> str:
         n = self.docs.sizes.get("doc", 0)
         return f"Store({self.path!r}, format={self.format}, docs={n}, views={self.views})"
+
+
+def superseded_rows(ids: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Rows flagged `present: false` that are not the last row of their id."""
+    if not len(ids):
+        return np.zeros(0, bool)
+    backwards = ids[::-1]
+    _, first_backwards = np.unique(backwards, return_index=True)
+    last = np.zeros(len(ids), bool)
+    last[len(ids) - 1 - first_backwards] = True
+    return ~present & ~last
 
 
 def open_store_data(path: str | Path, require_complete: bool = True,
