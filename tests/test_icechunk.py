@@ -302,8 +302,9 @@ def test_a_commit_that_meets_another_writers_commit_is_refused(
 @pytest.mark.slow  # several runs each: in make test, not make test-fast
 def test_the_plain_reader_lines_of_the_docs_run(tmp_path: Path, tiny_bert: Path) -> None:
     """The Python block of docs/store.md's Icechunk section, as written (the store's path
-    aside), on a store updated once: it opens the current version without bertpipe and
-    lists both versions."""
+    aside), on a store updated once (two rows added, one text edited): it opens the
+    current version without bertpipe, its `present` filter gives one row per input id,
+    and it lists both versions."""
     import re
 
     from tests.conftest import REPO
@@ -312,6 +313,7 @@ def test_the_plain_reader_lines_of_the_docs_run(tmp_path: Path, tiny_bert: Path)
     source = _input(tmp_path / "in.parquet", texts[:10])
     job = _job(tmp_path, tiny_bert, source, incremental=True)
     run_job(job)
+    texts[3] = "a text that changed overnight"
     _input(source, texts)
     run_job(job, incremental=True)
     section = (REPO / "docs" / "store.md").read_text().split("## Icechunk (versioned Zarr)")[1]
@@ -325,6 +327,8 @@ def test_the_plain_reader_lines_of_the_docs_run(tmp_path: Path, tiny_bert: Path)
     store = pipeline.open_store(job.output.path)
     np.testing.assert_array_equal(scope["docs"]["mean"].values, store.vectors("mean"))
     assert scope["chunks"].sizes["chunk"] == store.chunks.sizes["chunk"]
+    assert scope["docs"].sizes["id"] == 13  # the edit appended, its old row kept
+    assert sorted(scope["current"]["id"].values.tolist()) == sorted(f"r{i}" for i in range(12))
     messages = [message for message, _ in versions]
     assert messages[:1] == ["bertpipe: version 1 (complete)"]
     assert "bertpipe: version 0 (complete)" in messages
