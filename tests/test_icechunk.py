@@ -390,3 +390,29 @@ def test_rows_an_edit_superseded_are_left_out_of_lookups_searches_and_probes(
     as_json = json.loads(CliRunner().invoke(main, ["inspect", str(job.output.path),
                                                    "--json"]).output)
     assert (as_json["flagged_gone"], as_json["superseded"]) == (1, 1)
+
+
+def test_the_keys_listed_in_batches_are_the_stores_own_listing(tmp_path: Path,
+                                                              tiny_bert: Path) -> None:
+    """The keys of a snapshot built from groups and Icechunk's chunk coordinates (what a
+    commit seals and an open checks) equal Icechunk's own key listing, on a store with both
+    levels, an update's appended rows and a post-processed view's parameter group."""
+    from zarr.core.sync import sync
+
+    source = _input(tmp_path / "in.parquet", _texts(30, chars=120))
+    raw = job_dict(source, tiny_bert, tmp_path / "o.icechunk",
+                   views={"mean": {"pooling": "mean", "post": {"method": "center"}},
+                          "cls": {"pooling": "cls"}},
+                   output={"format": "icechunk", "incremental": True},
+                   chunking={"strategy": "hierarchical", "max_tokens": 16, "overlap": 4})
+    run_job(Job.from_dict(raw))
+    _input(source, _texts(34, chars=120))
+    run_job(Job.from_dict(raw), incremental=True)
+    session = _repository(tmp_path / "o.icechunk").readonly_session(branch="main")
+
+    async def listed() -> list[str]:
+        return [key async for key in session.store.list()]
+
+    keys = icechunk_store._session_keys(session)
+    assert sorted(keys) == sorted(sync(listed()))
+    assert any(key.startswith("post/") for key in keys) and len(keys) == len(set(keys))

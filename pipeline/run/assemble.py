@@ -241,8 +241,11 @@ def _docs_block(a: Assembly, rows: np.ndarray, with_views: bool = True,
     gone_rows = store_row[~has_input]
     take = pa.array(input_row[has_input])
     columns: dict[str, pa.Array] = {"row": pa.array(rows.astype(np.int64))}
+    # a kept row's id and digest as the comparison read them (gone and superseded rows lie
+    # all over the store: reading them again cost a chunk each)
+    kept_rows = pa.array(gone_rows)
     columns["id"] = _combine(has_input, c.inputs.ids.take(take),
-                             _stored(a.store.docs, "id", gone_rows))
+                             c.stored.ids.take(kept_rows) if len(gone_rows) else None)
     fields = {name: _gather(a, "docs", name, from_store, source, unread.of(name, len(rows)))
               for name in DOC_FIELDS}
     columns["n_tokens"] = pa.array(fields["n_tokens"].astype(np.int64))
@@ -255,7 +258,8 @@ def _docs_block(a: Assembly, rows: np.ndarray, with_views: bool = True,
     for name in ("n_unk", "n_words", "n_fragmented"):  # vocabulary fit, as a full run
         columns[name] = pa.array(fields[name].astype(np.int64))
     columns["text_sha256"] = _combine(has_input, to_hex(c.inputs.digests.take(take)),
-                                      _stored(a.store.docs, "text_sha256", gone_rows))
+                                      to_hex(c.stored.digests.take(kept_rows))
+                                      if len(gone_rows) else None)
     columns["present"] = pa.array(has_input)
     dtype = a.job.output.dtype
     for view in a.views if with_views else ():
@@ -352,8 +356,7 @@ def _stored(docs: xr.Dataset, name: str, rows: np.ndarray) -> pa.Array | None:
         return None
     if name not in docs.variables:
         return pa.nulls(len(rows))
-    values = rows_of(docs[name], rows) if name != "id" else np.asarray(docs["id"].values)[rows]
-    return pa.array(values, from_pandas=True)
+    return pa.array(rows_of(docs[name], rows), from_pandas=True)
 
 
 def _combine(has_input: np.ndarray, from_input: pa.Array | pa.ChunkedArray,

@@ -96,6 +96,7 @@ class Changes:
     input_row: np.ndarray  # (R,) int64: row of the input, -1 for a kept row whose id is gone
     store_row: np.ndarray  # (R,) int64: row of the store it was, -1 for a new id
     inputs: InputRows
+    stored: StoreRows  # the current version's ids and digests (a kept row's, unread again)
     delta_digests: list[bytes] = field(default_factory=list)  # distinct texts to encode
     delta_texts: list[str | None] = field(default_factory=list)
     added: int = 0
@@ -204,7 +205,7 @@ def _plan(store: StoreRows, inputs: InputRows, copy_of: np.ndarray, delta: dict[
         raise StoreError("internal: a row of the new version has no source")
     return Changes(
         from_store=from_store, source=source, input_row=input_row, store_row=store_row,
-        inputs=inputs, delta_digests=list(delta), delta_texts=delta_texts,
+        inputs=inputs, stored=store, delta_digests=list(delta), delta_texts=delta_texts,
         added=len(new_rows) - (len(edited) if append else 0), replaced=len(edited),
         unchanged=len(found) - len(edited), gone=int(gone.sum()),
         pruned=int(gone.sum()) if prune else 0,

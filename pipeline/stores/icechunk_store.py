@@ -27,7 +27,7 @@ import asyncio
 import hashlib
 import os
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -333,8 +333,7 @@ class IcechunkFormat(ZarrFormat):
 
     def _files_of(self, version: int) -> list[str]:
         """Every key of the arrays (chunks and array metadata) in the session's snapshot."""
-        store = self._session().store
-        keys = sync(_keys(store.list()))
+        keys = _session_keys(self._session())
         return sorted(key for key in keys if key.split("/", 1)[0] in DATA_DIRS
                       and not any(p.startswith(".") for p in key.split("/")))
 
@@ -357,11 +356,14 @@ class IcechunkFormat(ZarrFormat):
         return self.checked_sizes([rel])[rel]
 
     def checked_sizes(self, rels: Iterable[str]) -> dict[str, int | None]:
-        store = self._session().store
+        session = self._session()
+        store = session.store
+        # which keys exist, from the snapshot's listing (an unwritten chunk key has size 0
+        # too): one listing instead of one more call per key
+        held = set(_session_keys(session))
 
         async def size(rel: str) -> int | None:
-            # an unwritten chunk key has size 0 too: ask whether it exists
-            return int(await store.getsize(rel)) if await store.exists(rel) else None
+            return int(await store.getsize(rel)) if rel in held else None
 
         return _each_key(size, rels)
 
@@ -406,8 +408,30 @@ class IcechunkFormat(ZarrFormat):
         return [v.version for v in held[keep:]], int(summary.bytes_deleted)
 
 
-async def _keys(listing: AsyncIterator[str]) -> list[str]:
-    return [key async for key in listing]
+def _session_keys(session: icechunk.Session) -> list[str]:
+    """Every key of a session's snapshot: each group's and array's metadata and each
+    written chunk, from Icechunk's chunk coordinates in batches (its store's `list()` hands
+    keys to Python one at a time: 12 s for the 75,769 keys of a million-row store, this
+    0.2 s)."""
+    root = zarr.open_group(session.store, mode="r", use_consolidated=False)
+    keys = ["zarr.json"]
+    arrays: list[tuple[str, Any]] = []
+
+    def walk(group: Any, prefix: str) -> None:
+        for name, member in group.members():
+            path = f"{prefix}{name}"
+            keys.append(f"{path}/zarr.json")
+            if isinstance(member, zarr.Array):
+                arrays.append((path, member.metadata))
+            else:
+                walk(member, f"{path}/")
+
+    async def chunks() -> list[str]:
+        return [f"{path}/{metadata.encode_chunk_key(coords)}" for path, metadata in arrays
+                async for coords in session.chunk_coordinates(f"/{path}", batch_size=10_000)]
+
+    walk(root, "")
+    return keys + sync(chunks())
 
 
 class _LevelUpdater:
