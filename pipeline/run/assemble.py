@@ -243,9 +243,8 @@ def _docs_block(a: Assembly, rows: np.ndarray, with_views: bool = True,
     columns: dict[str, pa.Array] = {"row": pa.array(rows.astype(np.int64))}
     # a kept row's id and digest as the comparison read them (gone and superseded rows lie
     # all over the store: reading them again cost a chunk each)
-    kept_rows = pa.array(gone_rows)
-    columns["id"] = _combine(has_input, c.inputs.ids.take(take),
-                             c.stored.ids.take(kept_rows) if len(gone_rows) else None)
+    kept_ids, kept_digests = c.alone_at(gone_rows) if len(gone_rows) else (None, None)
+    columns["id"] = _combine(has_input, c.inputs.ids.take(take), kept_ids)
     fields = {name: _gather(a, "docs", name, from_store, source, unread.of(name, len(rows)))
               for name in DOC_FIELDS}
     columns["n_tokens"] = pa.array(fields["n_tokens"].astype(np.int64))
@@ -258,8 +257,8 @@ def _docs_block(a: Assembly, rows: np.ndarray, with_views: bool = True,
     for name in ("n_unk", "n_words", "n_fragmented"):  # vocabulary fit, as a full run
         columns[name] = pa.array(fields[name].astype(np.int64))
     columns["text_sha256"] = _combine(has_input, to_hex(c.inputs.digests.take(take)),
-                                      to_hex(c.stored.digests.take(kept_rows))
-                                      if len(gone_rows) else None)
+                                      to_hex(kept_digests) if kept_digests is not None
+                                      else None)
     columns["present"] = pa.array(has_input)
     dtype = a.job.output.dtype
     for view in a.views if with_views else ():

@@ -96,7 +96,11 @@ class Changes:
     input_row: np.ndarray  # (R,) int64: row of the input, -1 for a kept row whose id is gone
     store_row: np.ndarray  # (R,) int64: row of the store it was, -1 for a new id
     inputs: InputRows
-    stored: StoreRows  # the current version's ids and digests (a kept row's, unread again)
+    # the store rows kept without an input row (gone, superseded), ascending, and their ids
+    # and digests as compared: the new version takes them from here, not from the store
+    alone: np.ndarray
+    alone_ids: pa.Array
+    alone_digests: pa.Array
     delta_digests: list[bytes] = field(default_factory=list)  # distinct texts to encode
     delta_texts: list[str | None] = field(default_factory=list)
     added: int = 0
@@ -111,6 +115,11 @@ class Changes:
     @property
     def rows(self) -> int:
         return len(self.source)
+
+    def alone_at(self, store_rows: np.ndarray) -> tuple[pa.Array, pa.Array]:
+        """Ids and digests of store rows kept without an input row."""
+        at = pa.array(np.searchsorted(self.alone, store_rows))
+        return self.alone_ids.take(at), self.alone_digests.take(at)
 
     @property
     def encoded(self) -> int:
@@ -194,6 +203,7 @@ def _plan(store: StoreRows, inputs: InputRows, copy_of: np.ndarray, delta: dict[
     same[matched] = _np(pc.equal(store.digests.take(pa.array(store_row[matched])),
                                  inputs.digests.take(pa.array(input_row[matched]))))
     same[in_old[~has_input]] = True  # a gone or superseded row keeps what it had
+    alone = store_row[in_old[~has_input]]  # ascending, as old_rows
     # results: the row's own (unchanged or gone), an identical stored text, or the delta
     from_store = same.copy()
     source = np.where(same, store_row, -1)
@@ -205,7 +215,9 @@ def _plan(store: StoreRows, inputs: InputRows, copy_of: np.ndarray, delta: dict[
         raise StoreError("internal: a row of the new version has no source")
     return Changes(
         from_store=from_store, source=source, input_row=input_row, store_row=store_row,
-        inputs=inputs, stored=store, delta_digests=list(delta), delta_texts=delta_texts,
+        inputs=inputs, alone=alone, alone_ids=store.ids.take(pa.array(alone)),
+        alone_digests=store.digests.take(pa.array(alone)),
+        delta_digests=list(delta), delta_texts=delta_texts,
         added=len(new_rows) - (len(edited) if append else 0), replaced=len(edited),
         unchanged=len(found) - len(edited), gone=int(gone.sum()),
         pruned=int(gone.sum()) if prune else 0,
