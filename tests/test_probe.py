@@ -107,7 +107,7 @@ def test_cli_writes_table_json_html(store: pipeline.Store, tmp_path: Path) -> No
         assert len(r["regularisation"]) == data["n_folds"] and set(r["regularisation"]) <= grid
     best = max(data["results"], key=lambda r: r["metrics"]["accuracy"])["view"]
     assert f'<tr class="best"><td>{best}</td>' in page and page.count('class="best"') == 1
-    assert data["dropped"] == {"no_vector": 0, "no_label": 0}
+    assert data["dropped"] == {"no_vector": 0, "no_label": 0, "superseded": 0}
 
 
 def test_rows_without_a_label_are_counted_as_dropped(store: pipeline.Store) -> None:

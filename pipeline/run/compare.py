@@ -136,8 +136,9 @@ def compare(spec: InputSpec, parts: Sequence[Partition], store: StoreRows,
     """Read the input partition by partition (ids, texts, carried columns) and decide, row
     by row, what the new version holds and what must be encoded. `append_edits`: a changed
     text is added at the end and its old row kept, flagged (for a format that writes only
-    the chunks that differ: an edit then rewrites none of its neighbours); else it replaces
-    the old row in place."""
+    the chunks that differ: an edit then rewrites none of its neighbours), unless the
+    update drops rows anyway (`prune`, or superseded rows past SUPERSEDED_SHARE); else it
+    replaces the old row in place."""
     ids, digests, carry = [], [], []
     copies: list[np.ndarray] = []  # per partition: each row's first store row of its text
     delta: dict[bytes, int] = {}  # digest -> row of the delta
@@ -167,9 +168,26 @@ def compare(spec: InputSpec, parts: Sequence[Partition], store: StoreRows,
     return _plan(store, inputs, copy_of, delta, delta_texts, prune, append_edits)
 
 
-def _plan(store: StoreRows, inputs: InputRows, copy_of: np.ndarray, delta: dict[bytes, int],
-          delta_texts: list[str | None], prune: bool, append_edits: bool) -> Changes:
-    """`copy_of`: (N,) each input row's first store row holding its text, or -1."""
+@dataclass
+class _Placement:
+    """Where each row goes: the input row each store row keeps (-1: none), the store's
+    rows the new version keeps, the input rows appended, and what the counts need."""
+
+    input_of: np.ndarray  # (rows,) int64
+    old_rows: np.ndarray  # store rows kept, ascending
+    new_rows: np.ndarray  # input rows appended, in input order
+    edited: np.ndarray  # input rows whose id's stored text changed
+    appended_edits: bool
+    found: int  # input ids the store holds
+    gone: int  # store rows whose id left the input
+    superseded: int  # kept rows an edit superseded
+    dropped: int  # superseded rows dropped
+
+
+def _place(store: StoreRows, inputs: InputRows, prune: bool, append_edits: bool
+           ) -> _Placement:
+    """Match each input id to the store row holding it now, decide whether edits are
+    appended, and which store rows the new version keeps."""
     at = _current_rows(store.ids, inputs.ids)  # (N,) the store row holding the id now, or -1
     found = np.flatnonzero(at >= 0)
     edited = found[~_np(pc.equal(store.digests.take(pa.array(at[found])),
@@ -185,15 +203,23 @@ def _plan(store: StoreRows, inputs: InputRows, copy_of: np.ndarray, delta: dict[
     edited_store[at[edited]] = append
     if append:  # the old row keeps its place (and its chunks), flagged; the edit follows
         at[edited] = -1
-    delta_row = _indices(pc.index_in(inputs.digests,
-                                     value_set=pa.array(list(delta), DIGEST)))
     input_of = np.full(len(store), -1, np.int64)  # store row -> input row
     input_of[at[at >= 0]] = np.flatnonzero(at >= 0)
     stale = (input_of < 0) & (superseded | edited_store)
     gone = (input_of < 0) & ~stale  # ids no longer in the input
-    new_rows = np.flatnonzero(at < 0)  # input rows appended, in input order
     kept = (input_of >= 0) | (gone & (not prune)) | (stale & (not compact))
-    old_rows = np.flatnonzero(kept)
+    return _Placement(input_of, np.flatnonzero(kept), np.flatnonzero(at < 0), edited, append,
+                      len(found), int(gone.sum()), int((stale & kept).sum()),
+                      int((stale & ~kept).sum()))
+
+
+def _plan(store: StoreRows, inputs: InputRows, copy_of: np.ndarray, delta: dict[bytes, int],
+          delta_texts: list[str | None], prune: bool, append_edits: bool) -> Changes:
+    """`copy_of`: (N,) each input row's first store row holding its text, or -1."""
+    place = _place(store, inputs, prune, append_edits)
+    input_of, old_rows, new_rows = place.input_of, place.old_rows, place.new_rows
+    delta_row = _indices(pc.index_in(inputs.digests,
+                                     value_set=pa.array(list(delta), DIGEST)))
     input_row = np.concatenate([input_of[old_rows], new_rows])
     store_row = np.concatenate([old_rows, np.full(len(new_rows), -1, np.int64)])
     same = np.zeros(len(input_row), bool)
@@ -213,16 +239,16 @@ def _plan(store: StoreRows, inputs: InputRows, copy_of: np.ndarray, delta: dict[
     source[need] = np.where(copies >= 0, copies, delta_row[input_row[need]])
     if (source < 0).any():  # every needed text is stored or in the delta, by construction
         raise StoreError("internal: a row of the new version has no source")
+    edits = len(place.edited)
     return Changes(
         from_store=from_store, source=source, input_row=input_row, store_row=store_row,
         inputs=inputs, alone=alone, alone_ids=store.ids.take(pa.array(alone)),
         alone_digests=store.digests.take(pa.array(alone)),
         delta_digests=list(delta), delta_texts=delta_texts,
-        added=len(new_rows) - (len(edited) if append else 0), replaced=len(edited),
-        unchanged=len(found) - len(edited), gone=int(gone.sum()),
-        pruned=int(gone.sum()) if prune else 0,
-        superseded=int((stale & kept).sum()),
-        dropped=int((stale & ~kept).sum()), appended_edits=append)
+        added=len(new_rows) - (edits if place.appended_edits else 0), replaced=edits,
+        unchanged=place.found - edits, gone=place.gone, pruned=place.gone if prune else 0,
+        superseded=place.superseded, dropped=place.dropped,
+        appended_edits=place.appended_edits)
 
 
 def _compaction_due(superseded: int, rows: int) -> bool:
