@@ -358,14 +358,16 @@ class IcechunkFormat(ZarrFormat):
     def checked_sizes(self, rels: Iterable[str]) -> dict[str, int | None]:
         session = self._session()
         store = session.store
-        # which keys exist, from the snapshot's listing (an unwritten chunk key has size 0
-        # too): one listing instead of one more call per key
-        held = set(_session_keys(session))
+        keys = list(rels)
+        # which keys exist (an unwritten chunk key has size 0 too): for many keys, from the
+        # snapshot's listing rather than one more call each
+        held = set(_session_keys(session)) if len(keys) > KEYS_IN_FLIGHT else None
 
         async def size(rel: str) -> int | None:
-            return int(await store.getsize(rel)) if rel in held else None
+            exists = rel in held if held is not None else await store.exists(rel)
+            return int(await store.getsize(rel)) if exists else None
 
-        return _each_key(size, rels)
+        return _each_key(size, keys)
 
     def _plain_root(self) -> Any:
         return zarr.open_group(self._session().store, mode="r", use_consolidated=False)
