@@ -350,7 +350,8 @@ def test_rows_an_edit_superseded_are_left_out_of_lookups_searches_and_probes(
     """After an update that edits row 5 (its old row kept, flagged; the edit appended as
     row 40): `row_of` gives the current row, a search by the old text never returns the
     superseded row or its chunks (exact scan and saved index, every row asked for: each
-    current id once), a probe leaves it out, and `inspect` tells it from a gone row."""
+    current id once), a probe and a geometry fix's fit leave it out, and `inspect` tells
+    it from a gone row."""
     from pipeline.analysis.index import build_index
     from pipeline.analysis.probe import load_labels, run_probe
 
@@ -390,6 +391,16 @@ def test_rows_an_edit_superseded_are_left_out_of_lookups_searches_and_probes(
     as_json = json.loads(CliRunner().invoke(main, ["inspect", str(job.output.path),
                                                    "--json"]).output)
     assert (as_json["flagged_gone"], as_json["superseded"]) == (1, 1)
+    # a geometry fix is fitted on the current rows: centred, they average to zero
+    from pipeline.post.apply import postprocess
+    from pipeline.spec import PostSpec
+
+    postprocess(str(job.output.path), "mean", PostSpec(method="center"))
+    store = pipeline.open_store(job.output.path)
+    current = ~store.superseded()
+    centred = store.vectors("mean_center").astype(np.float64)
+    np.testing.assert_allclose(centred[current].mean(0), 0, atol=1e-5)
+    assert store.provenance.post["mean_center"].fitted_rows == 40
 
 
 def test_the_keys_listed_in_batches_are_the_stores_own_listing(tmp_path: Path,

@@ -255,7 +255,8 @@ def test_update_encodes_only_new_and_changed_rows(fmt: str, tmp_path: Path,
         frame = store.chunk_texts(row)
         assert "".join(frame["text"]) == want
     if appended:  # the superseded row's text is not the input's any more
-        with pytest.raises(StoreError, match="not the one it was encoded from"):
+        with pytest.raises(StoreError, match=f"row {EDITED_AT[1]} holds a text an edit "
+                           f"superseded .its id's current row is {edited_row}"):
             store.chunk_texts(EDITED_AT[1])
     with pytest.raises(InputError, match="not in .* any more"):
         store.chunk_texts(DELETED_AT[0])

@@ -157,6 +157,12 @@ def document_text(store: Store, row: int) -> str:
         text = read_text(spec, find_row(spec, key))
     if "text_sha256" in store.docs:
         stored = np.asarray(store.docs["text_sha256"][row].values).item()
+        if text_sha256([text])[0] != stored and store.superseded()[row]:
+            ids = np.asarray(store.docs["id"].values)
+            current = int(np.flatnonzero(ids == ids[row])[-1])  # the id's last row
+            raise StoreError(f"{store.path}: row {row} holds a text an edit superseded (its "
+                             f"id's current row is {current}); that text is no longer in "
+                             "the input")
         if text_sha256([text])[0] != stored:
             raise StoreError(f"{store.path}: the input's text of row {row} is not the one it "
                              "was encoded from (the input changed since); rerun the job, "

@@ -15,7 +15,7 @@ import xarray as xr
 from ..errors import JobError, OptionError, StoreError
 from ..spec import PostSpec, check_new_name, job_names
 from ..stores.base import StoreFormat
-from ..stores.opened import StoreData, open_store_data
+from ..stores.opened import StoreData, open_store_data, superseded_in
 from ..stores.provenance import PostInfo, Provenance
 from ..stores.verify import summarize, verify_store
 from .geometry import PostTransform, fit
@@ -23,16 +23,20 @@ from .geometry import PostTransform, fit
 
 def fit_view(fmt: StoreFormat, docs: xr.Dataset, has_chunks: bool,
              provenance: Provenance, source: str, target: str, spec: PostSpec) -> Provenance:
-    """Fit `spec` on the documents of view `source`, write view `target` at every stored
-    level with its parameters; returns the provenance that records it (not yet written)."""
-    transform = fit(docs[source].data, spec.method, dims=spec.dims, d=spec.d,
+    """Fit `spec` on the documents of view `source` (not the rows an edit superseded:
+    their texts are no longer the input's), write view `target` at every stored level with
+    its parameters; returns the provenance that records it (not yet written)."""
+    superseded = superseded_in(docs)
+    fitted = docs[source] if not superseded.any() else \
+        docs[source].isel(doc=np.flatnonzero(~superseded))
+    transform = fit(fitted.data, spec.method, dims=spec.dims, d=spec.d,
                     normalize=spec.normalize)
     levels = ["docs"] + (["chunks"] if has_chunks else [])
     fmt.write_params(target, _params(transform))
     fmt.add_view(source, target, transform.apply, levels)
+    ok = (np.asarray(docs["status"].values) == "ok") & ~superseded
     info = PostInfo(source=source, method=spec.method, dims=spec.dims, d=spec.d,
-                    normalize=spec.normalize, width=transform.width,
-                    fitted_rows=int((np.asarray(docs["status"].values) == "ok").sum()))
+                    normalize=spec.normalize, width=transform.width, fitted_rows=int(ok.sum()))
     return provenance.with_post(target, info)
 
 

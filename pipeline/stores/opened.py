@@ -65,10 +65,7 @@ class StoreData:
         changed text and keeps the old row, `present: false`; the id's current row is its
         last). Searches and probes leave them out; a store never updated has none."""
         if self._superseded is None:
-            self._superseded = superseded_rows(
-                np.asarray(self.docs["id"].values),
-                np.asarray(self.docs["present"].values, dtype=bool)) \
-                if "present" in self.docs else np.zeros(self.docs.sizes.get("doc", 0), bool)
+            self._superseded = superseded_in(self.docs)
         docs = self._superseded
         if level == "docs" or not docs.any():
             return docs if level == "docs" else np.zeros(self.level(level).sizes["chunk"], bool)
@@ -85,6 +82,14 @@ class StoreData:
     def __repr__(self) -> str:
         n = self.docs.sizes.get("doc", 0)
         return f"Store({self.path!r}, format={self.format}, docs={n}, views={self.views})"
+
+
+def superseded_in(docs: xr.Dataset) -> np.ndarray:
+    """(rows,) bool: the documents an edit superseded (none in a store never updated)."""
+    if "present" not in docs:
+        return np.zeros(docs.sizes.get("doc", 0), bool)
+    return superseded_rows(np.asarray(docs["id"].values),
+                           np.asarray(docs["present"].values, dtype=bool))
 
 
 def superseded_rows(ids: np.ndarray, present: np.ndarray) -> np.ndarray:
