@@ -388,6 +388,8 @@ def test_rows_an_edit_superseded_are_left_out_of_lookups_searches_and_probes(
     shown = CliRunner().invoke(main, ["inspect", str(job.output.path)])
     assert "1 rows flagged present=false (ids gone" in shown.output
     assert "1 rows superseded by an edit" in shown.output
+    assert "rows       41 (of which 1 superseded by an edit" in shown.output
+    assert "1 superseded kept" in shown.output  # the update's history line
     as_json = json.loads(CliRunner().invoke(main, ["inspect", str(job.output.path),
                                                    "--json"]).output)
     assert (as_json["flagged_gone"], as_json["superseded"]) == (1, 1)

@@ -229,6 +229,11 @@ def test_update_encodes_only_new_and_changed_rows(fmt: str, tmp_path: Path,
     assert [h.kind for h in history] == ["full", "incremental"]
     assert (history[1].encoded, history[1].added, history[1].replaced, history[1].gone,
             history[1].rows) == (170, 150, 20, 10, rows)
+    # every row of the new version accounted for: unchanged, replaced, added, gone, superseded
+    assert (history[1].superseded, summary.superseded) == (appended, appended)
+    assert BASE_ROWS - EDITED - DELETED + EDITED + NEW_ROWS + DELETED + appended == rows
+    assert summary.to_dict()["rows_by_outcome"]["superseded"] == appended
+    assert (f"{appended} superseded kept" in summary.line()) == bool(appended)
     assert history[0].encoded == BASE_ROWS and store.provenance.version == 1
     # the store's rows kept their places, the edits (Icechunk) and new ones follow
     ids = np.asarray(store.docs["id"].values)
@@ -971,7 +976,8 @@ def test_json_summary_and_inspect_json_report_the_update(tmp_path: Path,
     jsonschema.validate(full, _schema("run-summary.schema.json"))
     assert full["mode"] == "full" and full["version"] == 0
     assert full["rows_by_outcome"] == {"encoded": 30, "deduplicated": 2, "added": 32,
-                                       "replaced": 0, "skipped": 0, "gone": 0, "pruned": 0}
+                                       "replaced": 0, "skipped": 0, "gone": 0, "pruned": 0,
+                                       "superseded": 0, "dropped": 0}
     texts = _reviews().slice(0, 40).column("text").to_pylist()
     texts[4] = "changed"
     grown = _reviews().slice(0, 40).set_column(1, "text", pa.array(texts))
@@ -984,7 +990,7 @@ def test_json_summary_and_inspect_json_report_the_update(tmp_path: Path,
     assert summary["mode"] == "incremental" and summary["version"] == 1
     assert summary["rows_by_outcome"] == {"encoded": 11, "deduplicated": 0, "added": 10,
                                           "replaced": 1, "skipped": 28, "gone": 3,
-                                          "pruned": 3}
+                                          "pruned": 3, "superseded": 0, "dropped": 0}
     assert summary["rows"] == 39 and summary["partitions"]["failed"] == 0
     shown = CliRunner().invoke(main, ["inspect", str(tmp_path / "j.icechunk"), "--json"])
     assert shown.exit_code == 0, shown.output

@@ -22,7 +22,7 @@ def describe(store: Store) -> str:
     n_tokens = np.asarray(docs["n_tokens"].values)
     lines = [
         f"store      {store.path} ({store.format}, format version {prov.format_version})",
-        f"rows       {n}",
+        f"rows       {n}" + _superseded_share(store),
         f"coverage   {int((status == 'ok').sum())} ok, {int((status != 'ok').sum())} empty, "
         f"{int(truncated.sum())} truncated; {int(n_tokens.sum())} tokens in documents",
         "views",
@@ -63,6 +63,13 @@ def _choice_lines(choice: RuntimeChoice | None) -> list[str]:
     return lines
 
 
+def _superseded_share(store: Store) -> str:
+    """Rows and counts below include the rows edits superseded: say how many."""
+    superseded = int(store.superseded().sum())
+    return f" (of which {superseded} superseded by an edit; figures below include them)" \
+        if superseded else ""
+
+
 def _flagged(store: Store) -> tuple[int, int]:
     """Rows an incremental run kept with present=false: (ids gone from the input, rows an
     edit superseded)."""
@@ -93,6 +100,8 @@ def _history_lines(store: Store) -> list[str]:
             kept = "" if not run.gone else " (pruned)" if run.pruned else " (kept)"
             what += (f", {run.replaced} replaced, {run.unchanged} unchanged, {run.gone} "
                      f"gone{kept}")
+            what += f", {run.superseded} superseded kept" if run.superseded else ""
+            what += f", {run.dropped} superseded dropped" if run.dropped else ""
         lines.append(f"{head}{run.started}  {run.kind:<11} v{run.version}  {run.rows} rows: "
                      f"{what}; encoded {run.encoded} ({run.copied} copied), {run.tokens} "
                      f"tokens, {run.wall_s:.1f}s; input {run.input_rows} rows in "

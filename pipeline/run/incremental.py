@@ -141,7 +141,8 @@ def _summarised(summary: RunSummary, provenance: Provenance, changes: Changes,
     summary.rows = changes.rows
     summary.chunks = int(provenance.stats["chunks"])
     summary.tokens = int(provenance.stats["tokens"])
-    for name in ("added", "replaced", "unchanged", "gone", "pruned", "encoded", "copied"):
+    for name in ("added", "replaced", "unchanged", "gone", "pruned", "encoded", "copied",
+                 "superseded", "dropped"):
         setattr(summary, name, getattr(changes, name))
     summary.wall_s = time.perf_counter() - started
     return summary
@@ -252,7 +253,8 @@ def _commit(ctx: RunContext, store: StoreData, changes: Changes, staging: Stagin
                         ctx.elapsed(), took_over_lock, rows=changes.rows, added=changes.added,
                         replaced=changes.replaced, unchanged=changes.unchanged,
                         gone=changes.gone, pruned=changes.pruned, encoded=changes.encoded,
-                        copied=changes.copied)
+                        copied=changes.copied, superseded=changes.superseded,
+                        dropped=changes.dropped)
     provenance = replace(
         current, run_fingerprint=ctx.fingerprint, job=job, model=ModelInfo(**ctx.model),
         versions=software_versions(totals),

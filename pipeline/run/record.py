@@ -59,6 +59,8 @@ class RunSummary:
     unchanged: int = 0
     gone: int = 0  # ids of the store missing from the input
     pruned: int = 0  # of those, removed (the others are kept, present: false)
+    superseded: int = 0  # rows kept, flagged, that an edit superseded (Icechunk)
+    dropped: int = 0  # superseded rows removed
     incremental: bool = False
     version: int = 0
 
@@ -81,11 +83,18 @@ class RunSummary:
                 " (removed)" if self.pruned else " (kept with present=false)"
             return (f"version {self.version}: encoded {self.encoded} rows, skipped "
                     f"{self.unchanged} unchanged, replaced {self.replaced}, added "
-                    f"{self.added}, {self.gone} gone{kept}; {self.copied} encodings saved "
-                    f"by identical texts; {self.rows} rows in the store; {rate}; {parts}")
+                    f"{self.added}, {self.gone} gone{kept}{self._superseded()}; "
+                    f"{self.copied} encodings saved by identical texts; {self.rows} rows in "
+                    f"the store; {rate}; {parts}")
         this_run = " this run" if self.skipped else ""  # a resume: the rest was done before
         return (f"{self.rows} rows, {self.chunks} chunks, {rate}; encoded {self.encoded} "
                 f"rows{this_run}, {self.copied} encodings saved by identical texts; {parts}")
+
+    def _superseded(self) -> str:
+        """Rows edits superseded (an Icechunk update appends an edited text), if any."""
+        said = [f"{self.superseded} superseded kept"] if self.superseded else []
+        said += [f"{self.dropped} superseded dropped"] if self.dropped else []
+        return f", {', '.join(said)}" if said else ""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (`extract --json-summary`, schemas/run-summary.schema.json)."""
@@ -102,7 +111,8 @@ class RunSummary:
                 "rows_by_outcome": {"encoded": self.encoded, "deduplicated": self.copied,
                                     "added": self.added, "replaced": self.replaced,
                                     "skipped": self.unchanged, "gone": self.gone,
-                                    "pruned": self.pruned}}
+                                    "pruned": self.pruned, "superseded": self.superseded,
+                                    "dropped": self.dropped}}
 
 
 def collect(done: dict[int, PartitionMarker], on_done: OnDone | None,

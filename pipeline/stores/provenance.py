@@ -85,9 +85,11 @@ class RunRecord:
 
     Rows of the input are `added` (new id), `replaced` (known id, changed text) or
     `unchanged`; `gone` counts the store's ids missing from the input, of which `pruned`
-    were removed (`--prune`) and the rest kept with `present: false`. `encoded` texts were
-    run through the model; `copied` rows took the vectors of an identical text instead
-    (duplicates in the input, or a text the store already held)."""
+    were removed (`--prune`) and the rest kept with `present: false`. An Icechunk update
+    appends an edited text and keeps the old row, flagged: `superseded` counts such rows in
+    the store after the run, `dropped` those it removed (a prune, or past a tenth of the
+    store). `encoded` texts were run through the model; `copied` rows took the vectors of an
+    identical text instead (duplicates in the input, or a text the store already held)."""
 
     kind: str  # full | incremental
     started: str  # ISO 8601, UTC
@@ -106,6 +108,8 @@ class RunRecord:
     tokens: int  # tokens fed to the model, special tokens and overlap included
     wall_s: float
     took_over_lock: str = ""  # whose dead or expired lock this run took over, and why
+    superseded: int = 0  # rows kept, flagged, that an edit superseded (after the run)
+    dropped: int = 0  # superseded rows this run removed
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> RunRecord:
