@@ -389,6 +389,10 @@ def test_rows_an_edit_superseded_are_left_out_of_lookups_searches_and_probes(
     assert "1 rows flagged present=false (ids gone" in shown.output
     assert "1 rows superseded by an edit" in shown.output
     assert "rows       41 (of which 1 superseded by an edit" in shown.output
+    from pipeline.analysis.inspect import geometry_rows
+    from pipeline.analysis.vocabulary import vocabulary_fit
+
+    assert geometry_rows(store, pairs=10)[0] == 40 and vocabulary_fit(store)["rows"] == 40
     assert "1 superseded kept" in shown.output  # the update's history line
     as_json = json.loads(CliRunner().invoke(main, ["inspect", str(job.output.path),
                                                    "--json"]).output)

@@ -66,8 +66,8 @@ def _choice_lines(choice: RuntimeChoice | None) -> list[str]:
 def _superseded_share(store: Store) -> str:
     """Rows and counts below include the rows edits superseded: say how many."""
     superseded = int(store.superseded().sum())
-    return f" (of which {superseded} superseded by an edit; figures below include them)" \
-        if superseded else ""
+    return (f" (of which {superseded} superseded by an edit: counted in coverage and "
+            "chunks, not in the vocabulary fit or geometry)") if superseded else ""
 
 
 def _flagged(store: Store) -> tuple[int, int]:
@@ -168,9 +168,9 @@ def geometry_rows(store: Store, pairs: int = 2000, seed: int = 0,
 
     if pairs < 1:
         raise OptionError(f"--sample: {pairs} pairs; use at least 1")
-    n = int(store.docs.sizes["doc"])
+    current = np.flatnonzero(~store.superseded())  # not the rows an edit superseded
     rng = np.random.default_rng(seed)
-    rows = np.sort(rng.choice(n, size=min(n, max_rows), replace=False))
+    rows = np.sort(rng.choice(current, size=min(len(current), max_rows), replace=False))
     out: list[dict[str, Any]] = []
     for view in store.views:
         x = np.asarray(store.docs[view].values[rows], dtype=np.float64)

@@ -90,7 +90,8 @@ def vocabulary_fit(store: Store, sample: int = 2000, top: int = 10, seed: int = 
                    ) -> dict[str, Any]:
     """The vocabulary-fit figures of a store as a plain dict (for text and JSON output)."""
     docs = store.docs
-    ok = np.asarray(docs["status"].values) == "ok"
+    # rows an edit superseded hold old texts: not the input's vocabulary any more
+    ok = (np.asarray(docs["status"].values) == "ok") & ~store.superseded()
     n_chunks = np.asarray(docs["n_chunks"].values)[ok]
     fit: dict[str, Any] = {
         "store": store.path, "model": store.provenance.job.model.path,
