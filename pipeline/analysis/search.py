@@ -20,6 +20,7 @@ from ..extract.texthash import text_sha256
 from ..post.apply import load_transform
 from ..post.geometry import unit_rows
 from ..stores.opened import StoreData as Store
+from ..stores.opened import current_rows
 
 BLOCK_ROWS = 65536
 
@@ -157,16 +158,17 @@ def document_text(store: Store, row: int) -> str:
         text = read_text(spec, find_row(spec, key))
     if "text_sha256" in store.docs:
         stored = np.asarray(store.docs["text_sha256"][row].values).item()
-        if text_sha256([text])[0] != stored and store.superseded()[row]:
+        if text_sha256([text])[0] == stored:
+            return text
+        if store.superseded()[row]:
             ids = np.asarray(store.docs["id"].values)
-            current = int(np.flatnonzero(ids == ids[row])[-1])  # the id's last row
+            current = int(current_rows(ids, ids[row : row + 1])[0])
             raise StoreError(f"{store.path}: row {row} holds a text an edit superseded (its "
                              f"id's current row is {current}); that text is no longer in "
                              "the input")
-        if text_sha256([text])[0] != stored:
-            raise StoreError(f"{store.path}: the input's text of row {row} is not the one it "
-                             "was encoded from (the input changed since); rerun the job, "
-                             "e.g. with --incremental")
+        raise StoreError(f"{store.path}: the input's text of row {row} is not the one it "
+                         "was encoded from (the input changed since); rerun the job, e.g. "
+                         "with --incremental")
     return text
 
 

@@ -25,6 +25,7 @@ from ..errors import InputError, StoreError
 from ..extract.source import Partition, read_partition
 from ..extract.texthash import text_sha256_bytes
 from ..spec import InputSpec
+from ..stores.opened import current_rows, last_of_each_id
 
 DIGEST = pa.binary(32)  # a text's SHA-256 while comparing (stored as hex)
 READ_ROWS = 65536  # the store's digests are read and converted this many at a time
@@ -188,11 +189,11 @@ def _place(store: StoreRows, inputs: InputRows, prune: bool, append_edits: bool
            ) -> _Placement:
     """Match each input id to the store row holding it now, decide whether edits are
     appended, and which store rows the new version keeps."""
-    at = _current_rows(store.ids, inputs.ids)  # (N,) the store row holding the id now, or -1
+    at = current_rows(store.ids, inputs.ids)  # (N,) the store row holding the id now, or -1
     found = np.flatnonzero(at >= 0)
     edited = found[~_np(pc.equal(store.digests.take(pa.array(at[found])),
                                  inputs.digests.take(pa.array(found))))]  # input rows
-    superseded = ~_last_of_each_id(store.ids)  # by an edit an earlier update appended
+    superseded = ~last_of_each_id(store.ids)  # by an edit an earlier update appended
     # edits are appended unless this update drops rows anyway (a prune, or superseded rows
     # past their share): rows then move from the first dropped one on, so edits are made in
     # place and every superseded row is dropped
@@ -254,22 +255,6 @@ def _plan(store: StoreRows, inputs: InputRows, copy_of: np.ndarray, delta: dict[
 def _compaction_due(superseded: int, rows: int) -> bool:
     """Superseded rows would pass their share of the new version's rows."""
     return superseded > SUPERSEDED_SHARE * rows
-
-
-def _current_rows(store_ids: pa.Array, ids: pa.ChunkedArray) -> np.ndarray:
-    """(N,) int64: the store row holding each id now (the last row with that id: an edit
-    appended after its superseded copies comes last), -1 for an id the store lacks."""
-    n = len(store_ids)
-    backwards = store_ids.take(pa.array(np.arange(n - 1, -1, -1, dtype=np.int64)))
-    found = _indices(pc.index_in(ids, value_set=backwards))
-    return np.where(found >= 0, n - 1 - found, -1)
-
-
-def _last_of_each_id(store_ids: pa.Array) -> np.ndarray:
-    """(rows,) bool: the row is the last of the store's rows with its id."""
-    n = len(store_ids)
-    return _current_rows(store_ids, pa.chunked_array([store_ids], store_ids.type)) == \
-        np.arange(n)
 
 
 class DigestLookup:

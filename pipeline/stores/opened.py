@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import xarray as xr
 
 from ..errors import StoreError
@@ -92,15 +94,27 @@ def superseded_in(docs: xr.Dataset) -> np.ndarray:
                            np.asarray(docs["present"].values, dtype=bool))
 
 
-def superseded_rows(ids: np.ndarray, present: np.ndarray) -> np.ndarray:
+def superseded_rows(ids: np.ndarray | pa.Array, present: np.ndarray) -> np.ndarray:
     """Rows flagged `present: false` that are not the last row of their id."""
-    if not len(ids):
-        return np.zeros(0, bool)
-    backwards = ids[::-1]
-    _, first_backwards = np.unique(backwards, return_index=True)
-    last = np.zeros(len(ids), bool)
-    last[len(ids) - 1 - first_backwards] = True
-    return ~present & ~last
+    return ~present & ~last_of_each_id(ids)
+
+
+def current_rows(store_ids: np.ndarray | pa.Array, ids: np.ndarray | pa.Array | pa.ChunkedArray
+                 ) -> np.ndarray:
+    """(N,) int64: the store row holding each of `ids` now (the last row with that id: an
+    edit appended after its superseded rows comes last), -1 for an id the store lacks."""
+    store_ids = pa.array(store_ids) if isinstance(store_ids, np.ndarray) else store_ids
+    n = len(store_ids)
+    backwards = store_ids.take(pa.array(np.arange(n - 1, -1, -1, dtype=np.int64)))
+    found = pc.index_in(pa.array(ids) if isinstance(ids, np.ndarray) else ids,
+                        value_set=backwards)
+    at = np.asarray(pc.fill_null(found, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+    return np.where(at >= 0, n - 1 - at, -1)
+
+
+def last_of_each_id(ids: np.ndarray | pa.Array) -> np.ndarray:
+    """(rows,) bool: the row is the last of the rows with its id."""
+    return current_rows(ids, ids) == np.arange(len(ids))
 
 
 def open_store_data(path: str | Path, require_complete: bool = True,
