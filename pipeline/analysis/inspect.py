@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError
+from ..run.record import superseded_phrase
 from ..spec import ViewSpec
 from ..stores.opened import StoreData as Store
 from ..stores.provenance import RuntimeChoice
@@ -100,8 +101,7 @@ def _history_lines(store: Store) -> list[str]:
             kept = "" if not run.gone else " (pruned)" if run.pruned else " (kept)"
             what += (f", {run.replaced} replaced, {run.unchanged} unchanged, {run.gone} "
                      f"gone{kept}")
-            what += f", {run.superseded} superseded kept" if run.superseded else ""
-            what += f", {run.dropped} superseded dropped" if run.dropped else ""
+            what += superseded_phrase(run.superseded, run.dropped)
         lines.append(f"{head}{run.started}  {run.kind:<11} v{run.version}  {run.rows} rows: "
                      f"{what}; encoded {run.encoded} ({run.copied} copied), {run.tokens} "
                      f"tokens, {run.wall_s:.1f}s; input {run.input_rows} rows in "
@@ -211,6 +211,7 @@ def store_facts(store: Store) -> dict[str, Any]:
     status = np.asarray(docs["status"].values)
     n_chunks = np.asarray(docs["n_chunks"].values)
     per_doc = n_chunks[n_chunks > 0]
+    gone, superseded = _flagged(store)
     views = []
     for name in store.views:
         spec, post = prov.view_spec(name), prov.post.get(name)
@@ -239,8 +240,8 @@ def store_facts(store: Store) -> dict[str, Any]:
         "device": prov.device, "dtype": prov.dtype, "created": prov.created,
         "versions": prov.versions, "stats": prov.stats,
         "version": prov.version, "readable_versions": store.fmt.version_numbers(),
-        "flagged_gone": _flagged(store)[0],
-        "superseded": _flagged(store)[1],
+        "flagged_gone": gone,
+        "superseded": superseded,
         "history": [dataclasses.asdict(run) for run in prov.history],
         "runtime_choice": (dataclasses.asdict(prov.runtime_choice)
                            if prov.runtime_choice else None),

@@ -50,7 +50,14 @@ from .compare import Changes, StoreRows, compare
 from .context import PartitionWork, RunContext, run_partitions, with_choice
 from .executors import Executor, OnDone, executor_for
 from .output import OutputSession
-from .record import OnPlan, RunSummary, now_iso, run_record, software_versions
+from .record import (
+    OnPlan,
+    RunSummary,
+    now_iso,
+    run_record,
+    software_versions,
+    superseded_phrase,
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +99,7 @@ def run_incremental(ctx: RunContext, executor: Executor | None, on_done: OnDone 
         say(f"incremental: {changes.added} new, {changes.replaced} changed, "
             f"{changes.unchanged} unchanged, {changes.gone} gone; {changes.encoded} texts "
             f"to encode ({changes.copied} rows copy an identical text)"
-            + _superseded_note(changes))
+            + superseded_phrase(changes.superseded, changes.dropped))
         staging, delta_job, parts, delta_fp = _stage_delta(ctx, store, changes,
                                                            output.lock.fence())
         # the runtime and dtype the store was made with: its versions never mix them
@@ -124,15 +131,6 @@ def _complete_store(job: Job, say: Callable[[str], None]) -> tuple[str, Provenan
         return None  # the full run refuses, resumes or replaces it by its own rules
     opened = store_name(path)
     return opened, Provenance.from_dict(raw, opened)
-
-
-def _superseded_note(changes: Changes) -> str:
-    """What happens to the rows that edits superseded (a format that appends edits)."""
-    if changes.dropped:
-        return f"; {changes.dropped} superseded rows dropped"
-    if changes.superseded:
-        return f"; {changes.superseded} superseded rows kept, flagged present=false"
-    return ""
 
 
 def _summarised(summary: RunSummary, provenance: Provenance, changes: Changes,

@@ -91,10 +91,7 @@ class RunSummary:
                 f"rows{this_run}, {self.copied} encodings saved by identical texts; {parts}")
 
     def _superseded(self) -> str:
-        """Rows edits superseded (an Icechunk update appends an edited text), if any."""
-        said = [f"{self.superseded} superseded kept"] if self.superseded else []
-        said += [f"{self.dropped} superseded dropped"] if self.dropped else []
-        return f", {', '.join(said)}" if said else ""
+        return superseded_phrase(self.superseded, self.dropped)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (`extract --json-summary`, schemas/run-summary.schema.json)."""
@@ -113,6 +110,14 @@ class RunSummary:
                                     "skipped": self.unchanged, "gone": self.gone,
                                     "pruned": self.pruned, "superseded": self.superseded,
                                     "dropped": self.dropped}}
+
+
+def superseded_phrase(superseded: int, dropped: int) -> str:
+    """", N superseded kept, M superseded dropped" for the rows edits superseded (an
+    Icechunk update appends an edited text and keeps the old row), or "" when none."""
+    said = [f"{superseded} superseded kept"] if superseded else []
+    said += [f"{dropped} superseded dropped"] if dropped else []
+    return f", {', '.join(said)}" if said else ""
 
 
 def collect(done: dict[int, PartitionMarker], on_done: OnDone | None,
