@@ -346,7 +346,7 @@ def test_a_view_whitened_in_place_to_fewer_dimensions(tmp_path: Path, tiny_bert:
 
 
 def test_rows_an_edit_superseded_are_left_out_of_lookups_searches_and_probes(
-        tmp_path: Path, tiny_bert: Path) -> None:
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """After an update that edits row 5 (its old row kept, flagged; the edit appended as
     row 40): `row_of` gives the current row, a search by the old text never returns the
     superseded row or its chunks (exact scan and saved index, every row asked for: each
@@ -383,6 +383,20 @@ def test_rows_an_edit_superseded_are_left_out_of_lookups_searches_and_probes(
         assert sorted(h.id for h in hits) == sorted(f"r{i}" for i in range(40))
         chunk_hits = store.search(old_text, k=10, level="chunks", exact=exact)
         assert chunk_hits and all(h.row != 5 for h in chunk_hits)
+    # through the index, the ask grows from k only while superseded rows leave it short:
+    # the old text's nearest row is the superseded one, so k=1 asks for 1, then 2
+    from pipeline.analysis import index as index_module
+
+    asked: list[int] = []
+    real_search = index_module.index_search
+
+    def counted(index: Any, queries: np.ndarray, k: int) -> Any:
+        asked.append(k)
+        return real_search(index, queries, k)
+
+    monkeypatch.setattr(index_module, "index_search", counted)
+    top = store.search(old_text, k=1)
+    assert asked == [1, 2] and top[0].row != 5
     report = run_probe(store, load_labels(store, "label"), ["mean"], folds=2)
     assert report.dropped["superseded"] == 1 and report.n_rows == 40
     shown = CliRunner().invoke(main, ["inspect", str(job.output.path)])

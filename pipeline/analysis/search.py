@@ -71,17 +71,31 @@ def top_k(store: Store, queries: np.ndarray, view: str, k: int = 10, level: str 
     if k < 1:
         raise OptionError(f"-k: {k} hits asked for; ask for at least 1")
     if not exact:
-        from .index import index_search, load_index
+        from .index import load_index
 
         index = load_index(store, view, level)
         if index is not None:
-            left_out = store.superseded(level)
-            # enough hits that k remain once the superseded rows among them are left out
-            scores, rows = index_search(index, queries, k + int(left_out.sum()))
-            kept = [(r >= 0) & ~left_out[np.maximum(r, 0)] for r in rows]
+            return _indexed_top_k(store, index, queries, k, level)
+    return exact_top_k(store, queries, view, k, level)
+
+
+def _indexed_top_k(store: Store, index: Any, queries: np.ndarray, k: int,
+                   level: str) -> list[list[Hit]]:
+    """Top-k through a saved index, leaving out rows an edit superseded: the index is
+    asked for k hits, then twice as many while superseded ones leave a query short (they
+    may be a tenth of the store: asking for all of them at once would cost every query)."""
+    from .index import index_search
+
+    left_out = store.superseded(level)
+    most = k + int(left_out.sum())
+    ask = k
+    while True:
+        scores, rows = index_search(index, queries, ask)
+        kept = [(r >= 0) & ~left_out[np.maximum(r, 0)] for r in rows]
+        if ask >= most or all(int(keep.sum()) >= k for keep in kept):
             return [_hits(store, r[keep][:k], s[keep][:k], level)
                     for r, s, keep in zip(rows, scores, kept, strict=True)]
-    return exact_top_k(store, queries, view, k, level)
+        ask = min(2 * ask, most)
 
 
 def exact_top_k(store: Store, queries: np.ndarray, view: str, k: int = 10,
