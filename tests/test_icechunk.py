@@ -447,3 +447,38 @@ def test_the_keys_listed_in_batches_are_the_stores_own_listing(tmp_path: Path,
     keys = icechunk_store._session_keys(session)
     assert sorted(keys) == sorted(sync(listed()))
     assert any(key.startswith("post/") for key in keys) and len(keys) == len(set(keys))
+
+
+def test_superseded_rows_past_a_tenth_are_dropped_and_edits_made_in_place(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    """40 rows; night 1 edits 2 (appended: 2 superseded of 42 rows is under a tenth);
+    night 2 edits 3 more (5 of 45 would pass it): that update drops the 2 superseded rows
+    and makes its edits in place, so the store is back to 40 rows, one per id, equal to a
+    run from scratch, and the history says what happened each night."""
+    from tests.test_incremental import assert_same_rows
+
+    texts = _texts(40, chars=120)
+    source = _input(tmp_path / "in.parquet", texts)
+    job = _job(tmp_path, tiny_bert, source, incremental=True)
+    run_job(job)
+    for i in (3, 17):
+        texts[i] = f"night one changed text {i}"
+    _input(source, texts)
+    first = run_job(job, incremental=True)
+    assert (first.rows, first.superseded, first.dropped) == (42, 2, 0)
+    for i in (5, 20, 33):
+        texts[i] = f"night two changed text {i}"
+    _input(source, texts)
+    second = run_job(job, incremental=True)
+    assert (second.rows, second.replaced, second.superseded, second.dropped) == (40, 3, 0, 2)
+    store = pipeline.open_store(job.output.path)
+    # the superseded rows 3 and 17 dropped (the rows after them moved up); their current
+    # rows stay where night 1 appended them
+    assert list(store.docs["id"].values) == \
+        [f"r{i}" for i in range(40) if i not in (3, 17)] + ["r3", "r17"]
+    assert not store.superseded().any() and bool(store.docs["present"].values.all())
+    history = store.provenance.history
+    assert [(h.superseded, h.dropped) for h in history] == [(0, 0), (2, 0), (0, 2)]
+    scratch = _job(tmp_path, tiny_bert, source, name="scratch")
+    run_job(scratch)
+    assert_same_rows(store, pipeline.open_store(scratch.output.path), ["mean", "cls"])

@@ -231,7 +231,8 @@ def test_update_encodes_only_new_and_changed_rows(fmt: str, tmp_path: Path,
             history[1].rows) == (170, 150, 20, 10, rows)
     # every row of the new version accounted for: unchanged, replaced, added, gone, superseded
     assert (history[1].superseded, summary.superseded) == (appended, appended)
-    assert BASE_ROWS - EDITED - DELETED + EDITED + NEW_ROWS + DELETED + appended == rows
+    assert summary.unchanged + summary.replaced + summary.added + summary.gone + \
+        summary.superseded == summary.rows == rows
     assert summary.to_dict()["rows_by_outcome"]["superseded"] == appended
     assert (f"{appended} superseded kept" in summary.line()) == bool(appended)
     assert history[0].encoded == BASE_ROWS and store.provenance.version == 1
