@@ -91,6 +91,47 @@ def test_sizes_and_sums_of_every_key_at_once_equal_those_recorded_at_write(
         assert sums[rel] == want == fmt.file_sum(rel), rel
 
 
+@pytest.mark.parametrize("damage", ["deleted", "rewritten"])
+def test_an_open_checks_each_array_by_its_total_and_names_a_damaged_chunk(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
+    """The check on open asks Icechunk for each array's total size (one call per array,
+    not per key); a chunk deleted or rewritten with other bytes by another writer, through
+    Icechunk itself, changes its array's total, and the open refuses, naming that chunk."""
+    monkeypatch.setattr(icechunk_store, "ICECHUNK_ROWS_PER_CHUNK", 4)  # many chunk keys
+    job = _job(tmp_path, tiny_bert, _input(tmp_path / "in.parquet", _texts(40)))
+    run_job(job)
+    fmt = detect_format(job.output.path)
+    recorded = fmt.recorded_checksums()
+    whole = fmt.whole_by_total(recorded)
+    assert {rel for rel in recorded if "/c/" in rel} <= whole  # every chunk key
+    looked_up: list[str] = []
+    original = icechunk_store.IcechunkFormat.checked_sizes
+
+    def counted(self: Any, rels: Any) -> Any:
+        rels = list(rels)
+        looked_up.extend(rels)
+        return original(self, rels)
+
+    monkeypatch.setattr(icechunk_store.IcechunkFormat, "checked_sizes", counted)
+    pipeline.open_store(job.output.path)
+    # the rest, one by one: metadata of groups and of arrays holding no chunk
+    assert sorted(looked_up) == sorted(set(recorded) - whole)
+    assert looked_up and all(rel.endswith("zarr.json") for rel in looked_up)
+    session = _repository(Path(job.output.path)).writable_session("main")
+    victim = "docs/mean/c/3/0"
+    if damage == "deleted":
+        icechunk_store.sync(session.store.delete(victim))
+    else:
+        from zarr.core.buffer import default_buffer_prototype
+
+        icechunk_store.sync(session.store.set(
+            victim, default_buffer_prototype().buffer.from_bytes(b"other bytes")))
+    session.commit("another writer")
+    with pytest.raises(StoreError, match=r"damaged store: .*docs/mean.*3") as raised:
+        pipeline.open_store(job.output.path)
+    assert ("missing" if damage == "deleted" else "11 bytes where") in str(raised.value)
+
+
 def test_keys_are_asked_in_one_call_a_bounded_number_at_a_time(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """However many keys, at most KEYS_IN_FLIGHT lookups (chunk reads, for sums) are

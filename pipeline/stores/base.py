@@ -13,7 +13,7 @@ Provenance comes in typed (`Provenance`); the raw dict is what is stored, and
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -290,6 +290,11 @@ class StoreFormat(ABC):
         """`checked_size` of each of `rels` (a format whose every lookup is a round trip
         asks for them all at once)."""
         return {rel: self.checked_size(rel) for rel in rels}
+
+    def whole_by_total(self, recorded: Mapping[str, FileSum]) -> set[str]:
+        """Recorded files shown present with their sizes by a total over many of them,
+        without a lookup each (none here: every file is looked up)."""
+        return set()
 
     @abstractmethod
     def row_counts(self) -> dict[str, tuple[str, int]]:

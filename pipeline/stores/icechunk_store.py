@@ -27,7 +27,7 @@ import asyncio
 import hashlib
 import os
 import warnings
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -368,6 +368,25 @@ class IcechunkFormat(ZarrFormat):
             return int(await store.getsize(rel)) if exists else None
 
         return _each_key(size, keys)
+
+    def whole_by_total(self, recorded: Mapping[str, FileSum]) -> set[str]:
+        """The files of each array whose sizes, as Icechunk's manifests give them, add up
+        to what was recorded (one call per array: a call per key took 9 s for the 74,136
+        keys of a million rows, this about 1 s). A missing or truncated chunk changes its
+        array's total, whose files are then looked up one by one, so the damaged one is
+        named; a group's metadata is always looked up (its total counts its arrays')."""
+        by_array: dict[str, list[str]] = {}
+        for rel in recorded:
+            if "/c/" in rel:
+                by_array.setdefault(rel.split("/c/", 1)[0], []).append(rel)
+        for rel in recorded:
+            folder = rel.removesuffix("/zarr.json")
+            if folder in by_array:
+                by_array[folder].append(rel)
+        store = self._session().store
+        totals = _each_key(store.getsize_prefix, by_array)
+        return {rel for array, rels in by_array.items()
+                if totals[array] == sum(recorded[rel].size for rel in rels) for rel in rels}
 
     def _plain_root(self) -> Any:
         return zarr.open_group(self._session().store, mode="r", use_consolidated=False)

@@ -75,8 +75,9 @@ def check_sizes(fmt: StoreFormat) -> None:
     """The cheap check made on every open: each recorded file is present with its size
     (no reading), so a missing or truncated file is refused before anything decodes it."""
     recorded = fmt.recorded_checksums()
-    sizes = fmt.checked_sizes(recorded)
-    found = {rel: problem for rel, expected in recorded.items()
+    whole = fmt.whole_by_total(recorded)
+    sizes = fmt.checked_sizes(rel for rel in recorded if rel not in whole)
+    found = {rel: problem for rel, expected in recorded.items() if rel not in whole
              if (problem := size_problem(rel, sizes[rel], expected))}
     problems = describe(found, {rel for rel, size in sizes.items() if size is None}, recorded)
     if problems:
