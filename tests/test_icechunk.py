@@ -37,14 +37,16 @@ def _texts(n: int, chars: int | None = None) -> list[str]:
 
 
 def _input(path: Path, texts: list[str]) -> Path:
-    pq.write_table(pa.table({"id": [f"r{i}" for i in range(len(texts))], "text": texts}),
-                   path)
+    """Ids r0, r1, ..., the texts, and a label carried by jobs that ask for it."""
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(len(texts))], "text": texts,
+                             "label": [f"label {i % 3}" for i in range(len(texts))]}), path)
     return path
 
 
 def _job(tmp_path: Path, model: Path, source: Path, fmt: str = "icechunk",
-         name: str = "o", **output: Any) -> Job:
+         name: str = "o", carry: tuple[str, ...] = (), **output: Any) -> Job:
     return Job.from_dict(job_dict(source, model, tmp_path / f"{name}.{fmt}",
+                                  input={"carry_columns": list(carry)},
                                   output={"format": fmt, **output},
                                   chunking={"strategy": "hierarchical", "max_tokens": 16,
                                             "overlap": 4}))
@@ -154,6 +156,22 @@ def test_keys_are_asked_in_one_call_a_bounded_number_at_a_time(
     assert most == 3
 
 
+def _chunks_compared(monkeypatch: pytest.MonkeyPatch, rows: int) -> dict[str, set[int]]:
+    """Per array, the chunks an update's writer reads back to compare with the new values
+    (its reads go through zarr's AsyncArray.getitem, the store's readers' through Array)."""
+    from zarr.core.array import AsyncArray
+
+    compared: dict[str, set[int]] = {}
+    original = AsyncArray.getitem
+
+    async def getitem(self: Any, selection: Any, *args: Any, **kwargs: Any) -> Any:
+        compared.setdefault(self.path, set()).add(selection.start // rows)
+        return await original(self, selection, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncArray, "getitem", getitem)
+    return compared
+
+
 @pytest.mark.slow  # several runs each: in make test, not make test-fast
 def test_an_update_writes_only_the_chunks_that_changed(
         tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -162,19 +180,26 @@ def test_an_update_writes_only_the_chunks_that_changed(
     37 is kept, flagged: the commit writes chunk 10 of every docs array and chunk 2 of
     `present` only, nothing of the chunks level before its first appended chunk (the
     edited text has fewer chunks: in place, every chunk after it would have moved), and
-    the current rows equal a run from scratch."""
+    the current rows equal a run from scratch. It reads back, to compare, only what may
+    have changed without its knowing: the carried label."""
     from tests.test_incremental import assert_same_rows
 
     monkeypatch.setattr(icechunk_store, "ICECHUNK_ROWS_PER_CHUNK", 16)
     texts = _texts(164, chars=120)
     source = _input(tmp_path / "in.parquet", texts[:160])
-    job = _job(tmp_path, tiny_bert, source, incremental=True)
+    job = _job(tmp_path, tiny_bert, source, carry=("label",), incremental=True)
     run_job(job)
     chunk_rows = int(pipeline.open_store(job.output.path).chunks.sizes["chunk"])
     texts[37] = "a text that changed overnight"
     _input(source, texts)
+    compared = _chunks_compared(monkeypatch, 16)
     summary = run_job(job, incremental=True)
     assert (summary.added, summary.replaced, summary.encoded) == (4, 1, 5)
+    # what the writer read back to compare: a carried value, which may change on any row,
+    # everywhere; nothing known by construction (an unchanged row's results, id, digest,
+    # status and chunk count; a flag: chunk 2 of `present` is written without reading)
+    assert compared.pop("docs/label") == set(range(11))
+    assert all(found <= {10} for found in compared.values()), compared
     v1, v0 = detect_format(job.output.path).versions()
     diff = _repository(Path(job.output.path)).diff(from_snapshot_id=v0.snapshot,
                                                    to_snapshot_id=v1.snapshot)
@@ -193,6 +218,34 @@ def test_an_update_writes_only_the_chunks_that_changed(
     assert np.asarray(now.docs["id"].values)[[37, 160]].tolist() == ["r37", "r37"]
     assert np.asarray(now.docs["present"].values)[[37, 160]].tolist() == [False, True]
     scratch = _job(tmp_path, tiny_bert, source, name="scratch")
+    run_job(scratch)
+    assert_same_rows(now, pipeline.open_store(scratch.output.path), ["mean", "cls"])
+    assert verify_store(job.output.path) == []
+
+
+def test_rows_that_move_onto_their_own_text_get_their_own_ids(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 rows in chunks of 4; r1 pruned and r2-r7 each given the text of the row before
+    it: every row from 1 on moves up one, onto a row that held its new text. Its results
+    are the stored ones (the same text, the same row), but its id is not: the ids of
+    chunk 1 (rows 4-6, all such rows) are written, and the store equals a run from
+    scratch by id."""
+    from tests.test_incremental import assert_same_rows
+
+    monkeypatch.setattr(icechunk_store, "ICECHUNK_ROWS_PER_CHUNK", 4)
+    texts = _texts(8, chars=60)
+    source = _input(tmp_path / "in.parquet", texts)
+    job = _job(tmp_path, tiny_bert, source, incremental=True)
+    run_job(job)
+    moved = pa.table({"id": [f"r{i}" for i in (0, *range(2, 8))],
+                      "text": [texts[0], *texts[1:7]]})
+    pq.write_table(moved, source)
+    summary = run_job(job, incremental=True, prune=True)
+    assert (summary.pruned, summary.replaced, summary.encoded) == (1, 6, 0)
+    now = pipeline.open_store(job.output.path)
+    assert list(now.docs["id"].values) == moved.column("id").to_pylist()
+    pq.write_table(moved, tmp_path / "scratch.parquet")
+    scratch = _job(tmp_path, tiny_bert, tmp_path / "scratch.parquet", name="scratch")
     run_job(scratch)
     assert_same_rows(now, pipeline.open_store(scratch.output.path), ["mean", "cls"])
     assert verify_store(job.output.path) == []

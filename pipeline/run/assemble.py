@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
@@ -74,6 +75,17 @@ class Assembly:
     views: list[str]  # every view the store holds, post-processed ones included
     derived: Derived  # post-processed views: made from the delta's raw vectors
 
+    @cached_property
+    def counts(self) -> np.ndarray:
+        """Each row's chunk count in the new version (its source's): the stored counts are
+        held whole (`Source.of`), so no block reads them again."""
+        c = self.changes
+        counts = np.zeros(c.rows, np.int64)
+        counts[c.from_store] = self.store.n_chunks[c.source[c.from_store]]
+        if self.delta is not None:
+            counts[~c.from_store] = self.delta.n_chunks[c.source[~c.from_store]]
+        return counts
+
 
 def assemble(a: Assembly, out: Staging, budget: int) -> tuple[Layout, dict[str, int]]:
     """Write the new version as staged parts; its layout and its stats (rows, chunks,
@@ -98,13 +110,13 @@ def streamed_version(a: Assembly, budget: int) -> tuple[StreamedVersion, dict[st
     has_chunks = "chunks" in a.job.output.levels
     stats = _Stats(a.changes.rows)
     found = {level: _Found() for level in ("docs", "chunks")}
-    counts = _new_counts(a)
     # the first pass needs the counts the stats sum and the strings' widths; the integer
     # fields below are never null and their type does not depend on their values, so the
     # store's are not read for it (zeros stand in)
+    every_doc, every_chunk = np.ones(a.changes.rows, bool), np.ones(int(a.counts.sum()), bool)
     typed_only: Unwritten = {
-        "docs": (frozenset(("n_unk", "n_words", "n_fragmented")), np.ones(len(counts), bool)),
-        "chunks": (frozenset(CHUNK_FIELDS), np.ones(int(counts.sum()), bool))}
+        "docs": dict.fromkeys(("n_unk", "n_words", "n_fragmented"), every_doc),
+        "chunks": dict.fromkeys(CHUNK_FIELDS, every_chunk)}
     for docs, chunks in _blocks(a, False, typed_only):
         stats.add(docs, budget)
         found["docs"].add(docs)
@@ -113,10 +125,7 @@ def streamed_version(a: Assembly, budget: int) -> tuple[StreamedVersion, dict[st
     vector_fields = [pa.field(view, _vector_type(a, view)) for view in a.views]
     levels = ["docs"] + (["chunks"] if has_chunks else [])
     rows = {"docs": a.changes.rows, "chunks": stats.counts["chunks"]}
-    kept = _kept(a, counts)
-    # n_chunks is not among them: each block reads it to lay out its chunks
-    results = {"docs": frozenset((*DOC_FIELDS, *a.views)) - {"n_chunks"},
-               "chunks": frozenset(("doc", *CHUNK_FIELDS, *a.views))}
+    same = _same(a)
 
     def blocks(unwritten: Unwritten) -> Iterator[dict[str, pa.Table | None]]:
         return ({"docs": docs, "chunks": chunks}
@@ -126,33 +135,30 @@ def streamed_version(a: Assembly, budget: int) -> tuple[StreamedVersion, dict[st
         rows={level: rows[level] for level in levels},
         columns={level: found[level].columns(vector_fields) for level in levels},
         widths={level: found[level].widths for level in levels},
-        kept={level: kept[level] for level in levels},
-        results={level: results[level] for level in levels}, blocks=blocks)
+        same={level: same[level] for level in levels}, blocks=blocks)
     return streamed, stats.counts
 
 
-def _kept(a: Assembly, counts: np.ndarray) -> dict[str, np.ndarray]:
-    """Rows of the new version whose results are the current version's at the same row:
-    a document taken from the store row it is at; a chunk of such a document whose chunks
-    start where they started (no document before it gained or lost chunks). `counts`:
-    each row's chunk count in the new version (`_new_counts`)."""
+def _same(a: Assembly) -> dict[str, dict[str, np.ndarray]]:
+    """Per level and column, the rows of the new version whose value is the current
+    version's at the same position (see StreamedVersion). Results are a function of the
+    text: a document taken from the store row it is at keeps them, and a chunk of such a
+    document where its chunks start where they started (no document before it gained or
+    lost chunks). A row that is the store's row at its own position keeps its id, its
+    digest where its text is the one stored there, and its `present` flag where that did
+    not change (its id still in the input, or still not)."""
     c = a.changes
     at = np.arange(c.rows)
     docs = c.from_store & (c.source == at)
-    first = np.cumsum(counts) - counts
+    home = c.store_row == at
+    first = np.cumsum(a.counts) - a.counts
     in_place = docs.copy()
     in_place[docs] = first[docs] == a.store.first_chunk[at[docs]]
-    return {"docs": docs, "chunks": np.repeat(in_place, counts)}
-
-
-def _new_counts(a: Assembly) -> np.ndarray:
-    """Each row's chunk count in the new version (its source's)."""
-    c = a.changes
-    counts = np.zeros(c.rows, np.int64)
-    counts[c.from_store] = a.store.n_chunks[c.source[c.from_store]]
-    if a.delta is not None:
-        counts[~c.from_store] = a.delta.n_chunks[c.source[~c.from_store]]
-    return counts
+    chunks = np.repeat(in_place, a.counts)
+    return {"docs": {**dict.fromkeys((*DOC_FIELDS, *a.views), docs), "id": home,
+                     "text_sha256": home & docs,
+                     "present": home & (c.was_present == (c.input_row >= 0))},
+            "chunks": dict.fromkeys(("doc", *CHUNK_FIELDS, *a.views), chunks)}
 
 
 class _Stats:
@@ -221,14 +227,13 @@ class _Unread:
     `unwritten` columns on the rows its writer leaves as they are."""
 
     def __init__(self, unwritten: Unwritten | None, level: str, first_row: int):
-        columns, rows = (unwritten or {}).get(level, (frozenset(), np.zeros(0, bool)))
-        self.columns, self.rows, self.first_row = columns, rows, first_row
+        self.rows = (unwritten or {}).get(level, {})
+        self.first_row = first_row
 
     def of(self, name: str, n: int) -> np.ndarray | None:
         """The block's rows of column `name` left unread (None: all are read)."""
-        if name not in self.columns:
-            return None
-        return self.rows[self.first_row : self.first_row + n]
+        rows = self.rows.get(name)
+        return None if rows is None else rows[self.first_row : self.first_row + n]
 
 
 def _docs_block(a: Assembly, rows: np.ndarray, with_views: bool = True,
@@ -246,9 +251,9 @@ def _docs_block(a: Assembly, rows: np.ndarray, with_views: bool = True,
     kept_ids, kept_digests = c.alone_at(gone_rows) if len(gone_rows) else (None, None)
     columns["id"] = _combine(has_input, c.inputs.ids.take(take), kept_ids)
     fields = {name: _gather(a, "docs", name, from_store, source, unread.of(name, len(rows)))
-              for name in DOC_FIELDS}
+              for name in DOC_FIELDS if name != "n_chunks"}
     columns["n_tokens"] = pa.array(fields["n_tokens"].astype(np.int64))
-    columns["n_chunks"] = pa.array(fields["n_chunks"].astype(np.int64))
+    columns["n_chunks"] = pa.array(a.counts[rows])
     columns["truncated"] = pa.array(fields["truncated"].astype(bool))
     columns["status"] = pa.array(list(fields["status"]), pa.string())
     for name in a.job.input.carry_columns:
@@ -303,7 +308,10 @@ def _gather(a: Assembly, level: str, name: str, from_store: np.ndarray,
         parts.append((~from_store, _delta_values(a, level, name, source[~from_store])))
     shape = (len(source), *stored.shape[1:])
     dtype = parts[0][1].dtype if from_store.any() else parts[-1][1].dtype
-    out = np.zeros(shape, dtype) if unread is not None else np.empty(shape, dtype)
+    if unread is None:
+        out = np.empty(shape, dtype)
+    else:  # unread cells: zeros, or empty strings in a column of strings
+        out = np.full(shape, "" if dtype.kind == "O" else 0, dtype)
     for mask, values in parts:
         out[mask] = values
     return out

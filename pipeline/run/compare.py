@@ -96,6 +96,7 @@ class Changes:
     source: np.ndarray  # (R,) int64: row of the store, or of the delta
     input_row: np.ndarray  # (R,) int64: row of the input, -1 for a kept row whose id is gone
     store_row: np.ndarray  # (R,) int64: row of the store it was, -1 for a new id
+    was_present: np.ndarray  # (R,) bool: its store row's `present` flag (False: a new id)
     inputs: InputRows
     # the store rows kept without an input row (gone, superseded), ascending, and their ids
     # and digests as compared: the new version takes them from here, not from the store
@@ -240,10 +241,13 @@ def _plan(store: StoreRows, inputs: InputRows, copy_of: np.ndarray, delta: dict[
     source[need] = np.where(copies >= 0, copies, delta_row[input_row[need]])
     if (source < 0).any():  # every needed text is stored or in the delta, by construction
         raise StoreError("internal: a row of the new version has no source")
+    was_present = np.zeros(len(store_row), bool)
+    was_present[in_old] = store.present[store_row[in_old]]
     edits = len(place.edited)
     return Changes(
         from_store=from_store, source=source, input_row=input_row, store_row=store_row,
-        inputs=inputs, alone=alone, alone_ids=store.ids.take(pa.array(alone)),
+        was_present=was_present, inputs=inputs, alone=alone,
+        alone_ids=store.ids.take(pa.array(alone)),
         alone_digests=store.digests.take(pa.array(alone)),
         delta_digests=list(delta), delta_texts=delta_texts,
         added=len(new_rows) - (edits if place.appended_edits else 0), replaced=edits,

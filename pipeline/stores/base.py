@@ -74,7 +74,8 @@ class StagedLevel:
 
 
 # Per level: columns a writer leaves as they are, and the rows where it does (see below).
-Unwritten = dict[str, tuple[frozenset[str], np.ndarray]]
+# level -> column -> the rows whose cells a writer leaves as they are (see StreamedVersion)
+Unwritten = dict[str, dict[str, np.ndarray]]
 
 
 @dataclass
@@ -83,18 +84,18 @@ class StreamedVersion:
     so that nothing is staged): each level's rows, column types and longest strings, known
     before the first block, then the blocks in row order (level -> table).
 
-    `kept[level]` marks the rows whose `results[level]` columns (a row's encoded results:
-    vectors, counts) are by construction those of the current version's row at the same
-    position. A writer that leaves some of those columns untouched on some kept rows (its
-    chunks holding nothing but kept rows) says so when it asks for the blocks:
-    `blocks(unwritten)`; those cells of the blocks are then not read from the current
-    version and hold zeros, so that an update reads and writes what changed."""
+    `same[level][column]` marks the rows whose value in that column is by construction the
+    current version's at the same position: a row kept in place keeps its results (vectors,
+    counts, status), its id and its text's digest, and its `present` flag unless its id
+    left the input or an edit superseded it in this update. A writer that leaves some of
+    those cells untouched (its chunks holding nothing but such rows) says so when it asks
+    for the blocks: `blocks(unwritten)`; those cells of the blocks may then hold zeros, not
+    read from the current version, so that an update reads and writes what changed."""
 
     rows: dict[str, int]
     columns: dict[str, StoredColumns]
     widths: dict[str, dict[str, int]]
-    kept: dict[str, np.ndarray]
-    results: dict[str, frozenset[str]]
+    same: dict[str, dict[str, np.ndarray]]
     blocks: Callable[[Unwritten], Iterator[dict[str, pa.Table | None]]]
 
 

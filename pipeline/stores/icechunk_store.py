@@ -283,8 +283,7 @@ class IcechunkFormat(ZarrFormat):
             updaters = {level: _LevelUpdater(root, level, rows, streamed.columns[level],
                                              streamed.widths[level])
                         for level, rows in streamed.rows.items()}
-            unwritten = {level: updater.leave_kept(streamed.results[level],
-                                                   streamed.kept[level])
+            unwritten = {level: updater.leave_same(streamed.same[level])
                          for level, updater in updaters.items()}
             for block in streamed.blocks(unwritten):
                 for level, table in block.items():
@@ -470,26 +469,24 @@ class _LevelUpdater:
         self.held = 0
         self.offset = 0
         self.written = False
-        self.left: frozenset[str] = frozenset()  # columns whose kept chunks are left alone
-        self.left_rows = np.zeros(0, bool)
+        self.left: dict[str, np.ndarray] = {}  # column -> rows of chunks left alone
 
-    def leave_kept(self, results: frozenset[str], kept: np.ndarray
-                   ) -> tuple[frozenset[str], np.ndarray]:
-        """Which result columns keep their arrays (same type, width and chunking), and the
-        rows of chunks holding only kept rows: those cells are equal by construction, so
-        they are neither read nor written."""
-        left = []
+    def leave_same(self, same: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Per column whose array is kept (same type, width and chunking), the rows of its
+        chunks holding nothing but rows whose values are the same (`StreamedVersion`):
+        those cells are equal by construction, so they are neither read nor written."""
         empty = self.columns.schema.empty_table()
-        for name in sorted(results & set(empty.column_names)):
+        for name in sorted(set(same) & set(empty.column_names)):
             sample = column_values(self.columns, name, empty.column(name))
-            if sample.dtype.kind not in "biuf":
-                continue  # strings are compared as they come
+            if name in self.widths:  # a string: its width decides whether the array fits
+                sample = sample.astype(f"<U{self.widths[name]}")
+            if sample.dtype.kind not in "biufU":
+                continue  # no fixed width: compared as it comes
             self.arrays[name] = _array_for(self.group, name, sample, self.n,
                                            LEVEL_DIMS[self.level], self.columns)
             if not self.arrays[name][1]:
-                left.append(name)
-        self.left, self.left_rows = frozenset(left), _whole_chunks(kept)
-        return self.left, self.left_rows
+                self.left[name] = _whole_chunks(same[name])
+        return dict(self.left)
 
     def add(self, table: pa.Table) -> None:
         self.pending.append(self.columns.conform(table))
@@ -525,7 +522,7 @@ class _LevelUpdater:
             if fresh:  # nothing to compare with
                 array[self.offset : self.offset + len(values)] = values
             else:
-                left = self.left_rows[self.offset : self.offset + len(values)] \
+                left = self.left[name][self.offset : self.offset + len(values)] \
                     if name in self.left else None
                 _write_changed(array, self.offset, values, left)
         self.offset += table.num_rows
@@ -567,9 +564,9 @@ def _array_for(group: Any, name: str, sample: np.ndarray, n: int, dim: str,
 def _write_changed(array: Any, offset: int, values: np.ndarray,
                    left: np.ndarray | None = None) -> None:
     """Write `values` at rows offset.. (a chunk boundary), only the chunks that change.
-    For a result column (`left` given) that is known without reading: a chunk `left`
-    marks whole is equal by construction (skipped), any other holds a row whose results
-    are new or moved (written). Any other column is compared with what is stored. Chunks
+    For a column with `left` given that is known without reading: a chunk `left` marks
+    whole is equal by construction (skipped), any other holds a row whose value is new,
+    moved or changed (written). Any other column is compared with what is stored. Chunks
     are read, then written, each set in one call into zarr's loop, concurrently (one call
     per chunk cost 1.3 ms each in hand-offs: 17 of an update's 43 seconds at 100k rows)."""
     rows = ICECHUNK_ROWS_PER_CHUNK
