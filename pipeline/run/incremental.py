@@ -96,7 +96,6 @@ def run_incremental(ctx: RunContext, executor: Executor | None, on_done: OnDone 
         store = open_store_data(path, dask=False)
         changes = compare(job.input, ctx.parts, StoreRows.of(store.docs, store.path), prune,
                           append_edits=store.fmt.appends_edits)
-        _hand_back_freed_memory()
         say(f"incremental: {changes.added} new, {changes.replaced} changed, "
             f"{changes.unchanged} unchanged, {changes.gone} gone; {changes.encoded} texts "
             f"to encode ({changes.copied} rows copy an identical text)"
@@ -110,19 +109,9 @@ def run_incremental(ctx: RunContext, executor: Executor | None, on_done: OnDone 
                              describe=lambda p: f"partition {p.index} of the texts to encode",
                              unchanged=f"; the store is unchanged (version {current.version})")
         markers, _ = run_partitions(work, executor, output, summary, on_done, on_plan)
-        _hand_back_freed_memory()
         totals = MarkerTotals.of(markers)
         provenance = _commit(ctx, store, changes, staging, parts, totals, output.took_over)
     return _summarised(summary, provenance, changes, ctx.started)
-
-
-def _hand_back_freed_memory() -> None:
-    """Return what Arrow's allocator holds freed to the system between the update's
-    phases. It keeps freed memory for reuse, but the phases allocate differently (the
-    comparison's hash tables, the model, the new version's blocks, the provenance's
-    Python objects), so each would otherwise add its peak to the ones before: at a
-    million rows the update's peak was 1.2 GB, 1.12 GB with this."""
-    pa.default_memory_pool().release_unused()
 
 
 def _complete_store(job: Job, say: Callable[[str], None]) -> tuple[str, Provenance] | None:
@@ -257,7 +246,6 @@ def _commit(ctx: RunContext, store: StoreData, changes: Changes, staging: Stagin
         assembly = Assembly(job, changes, Source.of(store.docs, store.chunks), delta,
                             store.views, derived)
         stats = _write_version(fmt, version, assembly, ctx.plan.budget, staging, path)
-    _hand_back_freed_memory()
     # the history entry of this run (its wall time up to the switch)
     record = run_record("incremental", version, ctx.started_at, ctx.identity, totals,
                         ctx.elapsed(), took_over_lock, rows=changes.rows, added=changes.added,
