@@ -134,6 +134,21 @@ def test_an_open_checks_each_array_by_its_total_and_names_a_damaged_chunk(
     assert ("missing" if damage == "deleted" else "11 bytes where") in str(raised.value)
 
 
+def test_an_array_deleted_by_another_writer_is_named_missing(
+        tmp_path: Path, tiny_bert: Path) -> None:
+    """Icechunk refuses a total for a path that is no node: the array's keys are then
+    looked up one by one, and the open names the array."""
+    import zarr
+
+    job = _job(tmp_path, tiny_bert, _input(tmp_path / "in.parquet", _texts(12)))
+    run_job(job)
+    session = _repository(Path(job.output.path)).writable_session("main")
+    del zarr.open_group(session.store, mode="a", use_consolidated=False)["docs"]["cls"]
+    session.commit("another writer")
+    with pytest.raises(StoreError, match=r"damaged store: .*docs/cls"):
+        pipeline.open_store(job.output.path)
+
+
 def test_keys_are_asked_in_one_call_a_bounded_number_at_a_time(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """However many keys, at most KEYS_IN_FLIGHT lookups (chunk reads, for sums) are
