@@ -591,3 +591,115 @@ def test_superseded_rows_past_a_tenth_are_dropped_and_edits_made_in_place(
     scratch = _job(tmp_path, tiny_bert, source, name="scratch")
     run_job(scratch)
     assert_same_rows(store, pipeline.open_store(scratch.output.path), ["mean", "cls"])
+
+
+# ---- cells known by construction: against an update that compares every column ----------
+
+
+def _table(ids: list[str], texts: list[str], labels: list[str | None] | None = None
+           ) -> pa.Table:
+    labels = labels if labels is not None else [f"label {i % 3}" for i in range(len(ids))]
+    return pa.table({"id": ids, "text": pa.array(texts, pa.string()),
+                     "label": pa.array(labels, pa.string())})
+
+
+def _arrays(path: str) -> dict[str, np.ndarray]:
+    """Every array of both levels as Icechunk holds it, every row (superseded and gone
+    rows included, which a comparison by id never sees)."""
+    import zarr
+
+    session = _repository(Path(path)).readonly_session(branch="main")
+    root = zarr.open_group(session.store, mode="r", use_consolidated=False)
+    return {f"{level}/{name}": np.asarray(array[:]) for level in ("docs", "chunks")
+            if level in root for name, array in root[level].arrays()}
+
+
+def _assert_same_arrays(got: dict[str, np.ndarray], want: dict[str, np.ndarray],
+                        step: int) -> None:
+    assert sorted(got) == sorted(want), step
+    for name, b in want.items():
+        a = got[name]
+        assert a.shape == b.shape, (step, name)
+        if a.dtype.kind == "f":
+            assert np.array_equal(a, b, equal_nan=True), (step, name)
+        else:
+            assert a.astype(object).tolist() == b.astype(object).tolist(), (step, name)
+
+
+def _updates_equal_comparing_every_column(
+        tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch,
+        steps: list[tuple[pa.Table, bool]]) -> list[Any]:
+    """steps[0]: the full run's input; each later (input, prune): an update. Two stores take
+    the same runs, one with the writer comparing every column (nothing left as known): after
+    each update they are equal array by array, every row, and the first verifies; after the
+    last it equals a run from scratch by id."""
+    from tests.test_incremental import assert_same_rows
+
+    monkeypatch.setattr(icechunk_store, "ICECHUNK_ROWS_PER_CHUNK", 4)
+    jobs = {}
+    for variant in ("leaves", "compares"):
+        source = tmp_path / f"{variant}.parquet"
+        pq.write_table(steps[0][0], source)
+        jobs[variant] = _job(tmp_path, model, source, name=variant, carry=("label",),
+                             incremental=True)
+        run_job(jobs[variant])
+    summaries = []
+    for step, (table, prune) in enumerate(steps[1:], 1):
+        for variant, job in jobs.items():
+            pq.write_table(table, Path(job.input.path))
+            with monkeypatch.context() as patch:
+                if variant == "compares":
+                    patch.setattr(icechunk_store._LevelUpdater, "leave_same",
+                                  lambda self, same: {})
+                summary = run_job(job, incremental=True, prune=prune)
+            summaries.append(summary) if variant == "leaves" else None
+        _assert_same_arrays(_arrays(jobs["leaves"].output.path),
+                            _arrays(jobs["compares"].output.path), step)
+        assert verify_store(jobs["leaves"].output.path) == [], step
+    scratch = _job(tmp_path, model, Path(jobs["leaves"].input.path), name="scratch",
+                   carry=("label",))
+    run_job(scratch)
+    assert_same_rows(pipeline.open_store(jobs["leaves"].output.path),
+                     pipeline.open_store(scratch.output.path), ["mean", "cls"])
+    return summaries
+
+
+@pytest.mark.slow  # several runs each: in make test, not make test-fast
+def test_gone_ids_that_come_back_keep_their_flags_right(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ids gone (not pruned) come back, one with its text and one with another; it goes
+    again, then comes back with its first text: the `present` flags and ids that an update
+    leaves as known are those of an update that compares them."""
+    texts, ids = _texts(16, chars=60), [f"r{i}" for i in range(16)]
+    keep = [i for i in range(16) if i not in (3, 9)]
+    other = list(texts)
+    other[9] = "r9 has come back with another text entirely"
+    again = [i for i in range(16) if i != 9]
+    _updates_equal_comparing_every_column(tmp_path, tiny_bert, monkeypatch, [
+        (_table(ids, texts), False),
+        (_table([ids[i] for i in keep], [texts[i] for i in keep]), False),
+        (_table(ids, other), False),
+        (_table([ids[i] for i in again], [other[i] for i in again]), False),
+        (_table(ids, texts), False)])
+
+
+@pytest.mark.slow  # several runs each: in make test, not make test-fast
+def test_chains_of_edits_then_compaction_and_a_wider_status(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """r5 edited three times (a chain of superseded rows), three edits at once past the
+    superseded share (compaction: rows dropped and moved), an empty text appended (a status
+    wider than the stored one), then pruned (narrower again)."""
+    texts, ids = _texts(20, chars=60), [f"r{i}" for i in range(20)]
+    steps, now = [(_table(ids, texts), False)], list(texts)
+    for k in range(3):
+        now = list(now)
+        now[5] = f"edit number {k} of r5 " * (k + 1)
+        steps.append((_table(ids, now), False))
+    now = list(now)
+    for i in (1, 7, 12):
+        now[i] = f"compacting edit of r{i}" + " more" * i
+    steps.append((_table(ids, now), False))
+    steps.append((_table([*ids, "e"], [*now, "  "]), False))
+    steps.append((_table(ids, now), True))
+    summaries = _updates_equal_comparing_every_column(tmp_path, tiny_bert, monkeypatch, steps)
+    assert any(s.dropped for s in summaries)
