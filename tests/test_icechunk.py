@@ -652,7 +652,8 @@ def _updates_equal_comparing_every_column(
                     patch.setattr(icechunk_store._LevelUpdater, "leave_same",
                                   lambda self, same: {})
                 summary = run_job(job, incremental=True, prune=prune)
-            summaries.append(summary) if variant == "leaves" else None
+            if variant == "leaves":
+                summaries.append(summary)
         _assert_same_arrays(_arrays(jobs["leaves"].output.path),
                             _arrays(jobs["compares"].output.path), step)
         assert verify_store(jobs["leaves"].output.path) == [], step
