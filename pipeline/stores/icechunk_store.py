@@ -371,7 +371,7 @@ class IcechunkFormat(ZarrFormat):
     def whole_by_total(self, recorded: Mapping[str, FileSum]) -> set[str]:
         """The files of each array whose sizes, as Icechunk's manifests give them, add up
         to what was recorded (one call per array: a call per key took 9 s for the 74,136
-        keys of a million rows, this about 1 s). A missing or truncated chunk changes its
+        keys of a million rows, this 0.4 s). A missing or truncated chunk changes its
         array's total, whose files are then looked up one by one, so the damaged one is
         named, as is an array that is gone; a group's metadata is always looked up (its total
         counts its arrays'). Two changes that cancel within one array pass this check; each
