@@ -27,7 +27,8 @@ from ..stores.parquet_store import file_dataset
 from .compare import Changes, to_hex
 
 BLOCK_ROWS = 32768  # rows per staged part of the new version (a Parquet row group)
-DOC_FIELDS = ("n_tokens", "n_chunks", "truncated", "status", "n_unk", "n_words",
+# gathered from the source row (a row's n_chunks is `Assembly.counts`)
+DOC_FIELDS = ("n_tokens", "truncated", "status", "n_unk", "n_words",
               "n_fragmented")
 CHUNK_FIELDS = ("seq", "start", "end", "n_tokens")
 NEAR_ROWS = 512  # rows between two asked for that are read rather than skipped (rows_of)
@@ -155,7 +156,7 @@ def _same(a: Assembly) -> dict[str, dict[str, np.ndarray]]:
     in_place = docs.copy()
     in_place[docs] = first[docs] == a.store.first_chunk[at[docs]]
     chunks = np.repeat(in_place, a.counts)
-    return {"docs": {**dict.fromkeys((*DOC_FIELDS, *a.views), docs), "id": home,
+    return {"docs": {**dict.fromkeys((*DOC_FIELDS, "n_chunks", *a.views), docs), "id": home,
                      "text_sha256": home & docs,
                      "present": home & (c.was_present == (c.input_row >= 0))},
             "chunks": dict.fromkeys(("doc", *CHUNK_FIELDS, *a.views), chunks)}
@@ -251,7 +252,7 @@ def _docs_block(a: Assembly, rows: np.ndarray, with_views: bool = True,
     kept_ids, kept_digests = c.alone_at(gone_rows) if len(gone_rows) else (None, None)
     columns["id"] = _combine(has_input, c.inputs.ids.take(take), kept_ids)
     fields = {name: _gather(a, "docs", name, from_store, source, unread.of(name, len(rows)))
-              for name in DOC_FIELDS if name != "n_chunks"}
+              for name in DOC_FIELDS}
     columns["n_tokens"] = pa.array(fields["n_tokens"].astype(np.int64))
     columns["n_chunks"] = pa.array(a.counts[rows])
     columns["truncated"] = pa.array(fields["truncated"].astype(bool))

@@ -73,7 +73,6 @@ class StagedLevel:
         return cls(level, rows, columns, [staging.part(i, level) for i in indices], parts)
 
 
-# Per level: columns a writer leaves as they are, and the rows where it does (see below).
 # level -> column -> the rows whose cells a writer leaves as they are (see StreamedVersion)
 Unwritten = dict[str, dict[str, np.ndarray]]
 

@@ -45,7 +45,7 @@ from ..errors import StoreError
 from ..io.location import Location, resolve
 from .base import StreamedVersion
 from .columns import StoredColumns
-from .integrity import VerifiedStore
+from .integrity import CHUNK_DIR, VerifiedStore, files_by_array
 from .provenance import FileSum, is_complete, version_of
 from .zarr_store import (
     DATA_DIRS,
@@ -376,14 +376,8 @@ class IcechunkFormat(ZarrFormat):
         named, as is an array that is gone; a group's metadata is always looked up (its total
         counts its arrays'). Two changes that cancel within one array pass this check; each
         chunk's checksum is still checked when it is read."""
-        by_array: dict[str, list[str]] = {}
-        for rel in recorded:
-            if "/c/" in rel:
-                by_array.setdefault(rel.split("/c/", 1)[0], []).append(rel)
-        for rel in recorded:
-            folder = rel.removesuffix("/zarr.json")
-            if folder in by_array:
-                by_array[folder].append(rel)
+        by_array = {array: rels for array, rels in files_by_array(recorded).items()
+                    if any(CHUNK_DIR in rel for rel in rels)}  # a group holds no chunk
         store = self._session().store
 
         async def total(array: str) -> int | None:

@@ -88,13 +88,20 @@ def where(rel: str) -> str:
     return rel
 
 
-def describe(problems: dict[str, str], missing: set[str], recorded: Iterable[str]) -> list[str]:
-    """Problems per file as lines, one line for an array none of whose files is there."""
+def files_by_array(recorded: Iterable[str]) -> dict[str, list[str]]:
+    """Stored files grouped by the Zarr array they belong to (files of no array left out;
+    a group's zarr.json is grouped under the group's name)."""
     files_of: dict[str, list[str]] = {}
     for rel in recorded:
         array = array_of(rel)
         if array:
             files_of.setdefault(array, []).append(rel)
+    return files_of
+
+
+def describe(problems: dict[str, str], missing: set[str], recorded: Iterable[str]) -> list[str]:
+    """Problems per file as lines, one line for an array none of whose files is there."""
+    files_of = files_by_array(recorded)
     gone = {array for array, files in files_of.items()
             if len(files) > 1 and all(f in missing for f in files)}
     lines = [f"{array}: the array is missing (none of its {len(files_of[array])} files is "

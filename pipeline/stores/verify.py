@@ -77,8 +77,8 @@ def check_sizes(fmt: StoreFormat) -> None:
     recorded = fmt.recorded_checksums()
     whole = fmt.whole_by_total(recorded)
     sizes = fmt.checked_sizes(rel for rel in recorded if rel not in whole)
-    found = {rel: problem for rel, expected in recorded.items() if rel not in whole
-             if (problem := size_problem(rel, sizes[rel], expected))}
+    found = {rel: problem for rel, size in sizes.items()
+             if (problem := size_problem(rel, size, recorded[rel]))}
     problems = describe(found, {rel for rel, size in sizes.items() if size is None}, recorded)
     if problems:
         raise StoreError(f"{fmt.path}: damaged store: {summarize(problems)}; `bertpipe "
