@@ -203,12 +203,13 @@ def write_table(path: Path, columns: dict[str, list[Any]], **kwargs: Any) -> Pat
     return path
 
 
-def job_dict(input_path: Path, model: Path, output_path: Path, **sections: Any) -> dict[str, Any]:
+def job_dict(input_path: Path, model_path: Path, output_path: Path,
+             **sections: Any) -> dict[str, Any]:
     """A complete job dict; `sections` replace or extend top-level sections. The torch
     runtime (the float32 reference) unless a test asks for another one."""
     job: dict[str, Any] = {
         "input": {"path": str(input_path), "text_column": "text", "id_column": "id"},
-        "model": {"path": str(model), "dtype": "float32", "device": "cpu", "runtime": "torch"},
+        "model": {"path": str(model_path), "dtype": "float32", "device": "cpu", "runtime": "torch"},
         "chunking": {"strategy": "truncate"},
         "views": {"mean": {"pooling": "mean"}, "cls": {"pooling": "cls"}},
         "output": {"path": str(output_path), "format": "zarr"},

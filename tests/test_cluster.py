@@ -83,7 +83,7 @@ def _wait_for(predicate, timeout: float) -> None:  # type: ignore[no-untyped-def
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("src") / "reviews.parquet"
-    pq.write_table(pq.read_table(REVIEWS).slice(0, 96), path)
+    pq.write_table(pq.read_table(REVIEWS).slice(0, 48), path)
     return path
 
 
@@ -128,7 +128,7 @@ def assert_same(store: pipeline.Store, reference: pipeline.Store, exact: bool = 
 
 
 def test_cluster_run_matches_in_process(clean: dict[str, pipeline.Store]) -> None:
-    assert clean["cluster"].provenance.stats["partitions"] == 12
+    assert clean["cluster"].provenance.stats["partitions"] == 6
     assert_same(clean["cluster"], clean["inproc"], exact=False)
 
 

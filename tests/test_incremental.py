@@ -85,13 +85,13 @@ def _updated() -> pa.Table:
                              _reviews().slice(BASE_ROWS, NEW_ROWS)])
 
 
-def _job(model: Path, source: Path, out: Path, fmt: str, **sections: Any) -> Job:
+def _job(model_dir: Path, source: Path, out: Path, fmt: str, **sections: Any) -> Job:
     sections = {"input": {"carry_columns": ["label"]},
                 "output": {"path": str(out), "format": fmt},
                 "chunking": {"strategy": "hierarchical", "max_tokens": 48},
                 "execution": {"scheduler": "synchronous", "partition_rows": 64},
                 **sections}
-    return Job.from_dict(job_dict(source, model, out, **sections))
+    return Job.from_dict(job_dict(source, model_dir, out, **sections))
 
 
 def _appended(fmt: str) -> int:
@@ -784,7 +784,9 @@ def test_sigkill_during_update(tmp_path: Path, base_stores: dict[str, Job],
                      pipeline.open_store(scratch["icechunk"]), ["mean", "cls"])
 
 
-REAL_MODEL = {"chunking": {"strategy": "hierarchical", "max_tokens": 128},
+# OpenVINO in float32: torch's float32 at 1e-5 (test_runtime_openvino.py), twice as fast here
+REAL_MODEL = {"model": {"runtime": "openvino", "dtype": "float32"},
+              "chunking": {"strategy": "hierarchical", "max_tokens": 128},
               "execution": {"scheduler": "synchronous", "partition_rows": 64}}
 
 

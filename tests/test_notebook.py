@@ -41,9 +41,10 @@ def test_notebook_runs_top_to_bottom(tmp_path: Path, minilm: Path, tiny_bert: Pa
     result = CliRunner().invoke(main, [
         "extract", "jobs/reviews.yaml", "--set", f"output.path={store}",
         "--set", f"model.path={minilm}", "--set", "execution.scheduler=synchronous",
-        # the float32 reference runtime: `auto` would calibrate (and export OpenVINO) here,
-        # in a cache of this session, which is a test of its own (test_calibrate.py)
-        "--set", "model.runtime=torch", "--set", "model.dtype=float32",
+        # OpenVINO in float32 (equal to torch's float32 at 1e-5, test_runtime_openvino.py,
+        # and twice its speed here): `auto` would calibrate, which is a test of its own
+        # (test_calibrate.py)
+        "--set", "model.runtime=openvino", "--set", "model.dtype=float32",
         "--set", "views={mean: {pooling: mean}, cls: {pooling: cls}, "
                  "mid4: {layers: [-4, -3, -2, -1], combine: mean, pooling: mean}}"])
     assert result.exit_code == 0, result.output

@@ -710,16 +710,17 @@ def bertpipe(*args: str | Path, cwd: Path, env: dict[str, str] | None = None,
 
 
 @pytest.mark.slow  # end to end (real processes, servers or a browser): not in make test-fast
-@pytest.mark.parametrize("fmt", ["zarr", "parquet"])
+# Dask's scratch space is searched once (a LocalCluster's worker processes cost ~10 s)
+@pytest.mark.parametrize(("fmt", "scheduler"), [("zarr", "local"), ("parquet", "synchronous")])
 def test_secrets_are_never_written(sample: tuple[str, Path], tiny_bert: Path, tmp_path: Path,
-                                   fmt: str) -> None:
+                                   fmt: str, scheduler: str) -> None:
     """A recognisable secret in the environment and in the job's storage options: not in
     the store (provenance included), the output, the logs, the JSON summary, or any file
     the run made (its working directory and TMPDIR, Dask's scratch space included)."""
     url, _ = sample
     out = f"{url.rsplit('/', 1)[0]}/secret/r.{fmt}"
     job = write_job(tmp_path / "job.yaml", secret_job(url, tiny_bert, out, fmt,
-                                                      scheduler="local"))
+                                                      scheduler=scheduler))
     work, scratch = tmp_path / "work", tmp_path / "scratch"
     work.mkdir()
     scratch.mkdir()
