@@ -259,10 +259,10 @@ def _failing_read(monkeypatch: pytest.MonkeyPatch, bad: int) -> None:
 
     read = partition.read_partition
 
-    def read_or_fail(spec: Any, part: Any) -> Any:
+    def read_or_fail(spec: Any, part: Any, cache: Any = None) -> Any:
         if part.index == bad:
             raise OSError("the disk went away\nwith a second line nobody should see")
-        return read(spec, part)
+        return read(spec, part, cache)
 
     monkeypatch.setattr(partition, "read_partition", read_or_fail)
 

@@ -265,6 +265,78 @@ def test_partitions_follow_row_groups_and_files(tmp_path: Path) -> None:
         ("b.parquet", 3, 5), ("b.parquet", 5, 7), ("b.parquet", 7, 8)]
 
 
+def _counting_row_group_reads(monkeypatch: pytest.MonkeyPatch, rows: int) -> list[int]:
+    """Row groups decoded of a file of `rows` rows, one entry per read (every reader of
+    the input goes through `ParquetFile.read_row_groups`)."""
+    reads: list[int] = []
+    original = pq.ParquetFile.read_row_groups
+
+    def counted(self: Any, groups: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.metadata.num_rows == rows:  # of the input table, not the delta an update encodes
+            reads.extend(groups)
+        return original(self, groups, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", counted)
+    return reads
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+def test_a_row_group_shared_by_partitions_is_decoded_once(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch,
+        incremental: bool) -> None:
+    """40 rows in two row groups (32 + 8), partitions of 4 rows: a run decodes each row
+    group once, not once per partition (10 reads of 32 rows before), and an incremental
+    run's comparison does too; the vectors are a run's over row groups of 4 rows."""
+    texts = [f"review number {i} about {'sleep' if i % 3 else 'pain'}" for i in range(40)]
+    for name, size in (("big", 32), ("small", 4)):
+        write_table(tmp_path / f"{name}.parquet",
+                    {"id": list(range(40)), "text": texts, "label": [i % 2 for i in range(40)]},
+                    row_group_size=size)
+    fmt = "icechunk" if incremental else "zarr"
+    jobs = {name: _job(tmp_path / name, tiny_bert, tmp_path / f"{name}.parquet", fmt,
+                       execution={"scheduler": "synchronous", "partition_rows": 4},
+                       output={"format": fmt, "incremental": incremental})
+            for name in ("big", "small")}
+    run_job(jobs["small"])
+    reads = _counting_row_group_reads(monkeypatch, 40)
+    run_job(jobs["big"])
+    assert sorted(reads) == [0, 1]
+    got, want = pipeline.open_store(jobs["big"].output.path), \
+        pipeline.open_store(jobs["small"].output.path)
+    for view in ("mean", "cls", "cat"):
+        np.testing.assert_array_equal(got.vectors(view), want.vectors(view))
+    if incremental:  # one text edited: the update compares every row, encodes one
+        texts[5] = "an edited review"
+        write_table(tmp_path / "big.parquet", {"id": list(range(40)), "text": texts,
+                                               "label": [i % 2 for i in range(40)]},
+                    row_group_size=32)
+        reads.clear()
+        summary = run_job(jobs["big"], incremental=True)
+        assert summary.encoded == 1 and sorted(reads) == [0, 1]
+
+
+def test_a_row_group_cache_serves_only_the_same_file_as_planned(tmp_path: Path) -> None:
+    """Keyed by the file's footer as planned: a file rewritten under the same name is read
+    again; a failed read is not kept."""
+    from pipeline.extract.source import RowGroupCache, read_partition
+    from pipeline.spec import InputSpec
+
+    src = tmp_path / "t.parquet"
+    spec = InputSpec(str(src), "text")
+    cache = RowGroupCache()
+    write_table(src, {"text": ["a", "b", "c", "d"]})
+    first = plan_partitions(spec, 2)
+    assert [read_partition(spec, p, cache).texts for p in first] == [["a", "b"], ["c", "d"]]
+    assert cache.reads == 1
+    write_table(src, {"text": ["e", "f", "g", "h"]})
+    again = plan_partitions(spec, 2)
+    assert read_partition(spec, again[1], cache).texts == ["g", "h"] and cache.reads == 2
+    src.write_bytes(src.read_bytes()[:20] + b"\0" * 40 + src.read_bytes()[60:])  # data pages
+    with pytest.raises(pipeline.errors.InputError):
+        read_partition(spec, first[0], cache)
+    assert read_partition(spec, again[0], cache).texts == ["e", "f"]  # still the last good one
+
+
 @pytest.mark.parametrize("sizes", [[200] * 6, [5, 3, 9, 1, 12], [16], [7], [], [4, 4, 4, 4],
                                    [0, 0], [8, 0]])
 def test_zarr_writes_whole_chunks(sizes: list[int]) -> None:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..extract.source import plan_partitions, read_partition
+from ..extract.source import RowGroupCache, plan_partitions, read_partition
 from ..spec import InputSpec
 
 READ_ROWS = 2048  # rows read at once; only the sampled texts are kept
@@ -31,9 +31,10 @@ def read_texts(spec: InputSpec, rows: Sequence[int]) -> list[str | None]:
     """The texts of `rows` (global row numbers, sorted), in that order."""
     wanted = list(rows)
     texts: list[str | None] = []
+    row_groups = RowGroupCache()
     for part in plan_partitions(spec, READ_ROWS):
         inside = [r for r in wanted if part.row_start <= r < part.row_stop]
         if inside:
-            batch = read_partition(spec, part).texts
+            batch = read_partition(spec, part, row_groups).texts
             texts.extend(batch[r - part.row_start] for r in inside)
     return texts

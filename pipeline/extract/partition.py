@@ -19,7 +19,7 @@ from .encode import EncodePlan, Encoder
 from .model import LoadedModel
 from .modelfiles import load_config, model_shape
 from .runtime import Runtime, load_encoder
-from .source import Partition, PartitionRows, read_partition
+from .source import Partition, PartitionRows, RowGroupCache, read_partition
 from .texthash import text_sha256, unique_texts
 from .tokens import kept_positions, token_columns, token_counts
 from .views import ForwardNeeds, ResolvedView, forward_needs, resolve_views
@@ -54,6 +54,7 @@ class Extractor:
         self.specials = Specials.from_tokenizer(self.model.tokenizer)
         self.budget = content_budget(job.chunking, job.model.max_tokens,
                                      self.model.max_positions, self.specials)
+        self.row_groups = RowGroupCache()  # partitions sharing a row group decode it once
 
     def encode_texts(self, texts: list[str | None]) -> EncodedTexts:
         """Chunk, encode and aggregate texts: the whole pipeline minus reading and writing.
@@ -99,7 +100,7 @@ class Extractor:
     def prepare(self, part: Partition, pad: bool = False) -> PreparedPart:
         """The partition read, its texts digested, tokenized, chunked and batched (padded
         too when `pad`): everything before the model (see `prepare_texts`)."""
-        rows = read_partition(self.job.input, part)
+        rows = read_partition(self.job.input, part, self.row_groups)
         return PreparedPart(part, rows, text_sha256(rows.texts),
                             self.prepare_texts(rows.texts, pad))
 

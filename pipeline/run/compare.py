@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import xarray as xr
 
 from ..errors import InputError, StoreError
-from ..extract.source import Partition, read_partition
+from ..extract.source import Partition, RowGroupCache, read_partition
 from ..extract.texthash import text_sha256_bytes
 from ..spec import InputSpec
 from ..stores.opened import current_rows, last_of_each_id
@@ -147,8 +147,9 @@ def compare(spec: InputSpec, parts: Sequence[Partition], store: StoreRows,
     delta_texts: list[str | None] = []
     store_ids = store.ids
     stored = DigestLookup(store.digests)
+    row_groups = RowGroupCache()
     for part in parts:
-        rows = read_partition(spec, part)
+        rows = read_partition(spec, part, row_groups)
         part_ids = _ids_like(rows.ids, store_ids, spec)
         part_digests = pa.array(text_sha256_bytes(rows.texts), DIGEST)
         # encoded unless its text is stored (at its id's row, or an identical text anywhere)

@@ -21,7 +21,7 @@ from ..errors import BertpipeError, PartitionError, UnreadableInputError
 from ..extract.modelfiles import model_fingerprint
 from ..extract.preflight import Plan as CheckedPlan
 from ..extract.preflight import preflight
-from ..extract.source import Partition, input_identity, read_partition
+from ..extract.source import Partition, RowGroupCache, input_identity, read_partition
 from ..spec import Job
 from ..stores import Staging
 from ..stores.markers import PartitionMarker
@@ -74,8 +74,9 @@ def sample_texts(ctx: RunContext, chars: int = 200_000) -> list[str | None]:
     """The input's first texts, partition by partition, up to about `chars` characters
     (more than calibration's few batches need, at ~4 characters a token)."""
     texts: list[str | None] = []
+    row_groups = RowGroupCache()
     for part in ctx.parts:
-        texts += read_partition(ctx.job.input, part).texts
+        texts += read_partition(ctx.job.input, part, row_groups).texts
         if sum(len(t or "") for t in texts) >= chars:
             break
     return texts
