@@ -13,7 +13,7 @@ PEER_VENV  := benchmarks/work/peer-venv
 PEER_MODEL := benchmarks/work/peer-model
 
 .PHONY: install model demo test test-fast lint schemas check-wheel peers bench bench-overlap bench-object-store bench-chunking bench-scaling bench-tokens bench-gpu \
-        bench-feed bench-incremental bench-scale bench-contention clean
+        bench-feed bench-incremental bench-scale bench-contention bench-read clean
 
 install: $(VENV)/.installed
 
@@ -117,6 +117,11 @@ bench-gpu: install
 # 2 cores; FEED_ARGS="--rows 1000 --reps 1" for less).
 bench-feed: install model
 	$(PY) benchmarks/feed.py $(FEED_ARGS)
+
+# Reading the input in partitions against pyarrow reading the table once, on one large row
+# group (pyarrow's and pandas' default layout); READ_ARGS="--rows 100000" for less.
+bench-read: install
+	$(PY) benchmarks/input_read.py $(READ_ARGS)
 
 clean:
 	rm -rf out benchmarks/work .pytest_cache
