@@ -108,6 +108,31 @@ def test_tokenizer_read_without_transformers_equals_autotokenizer(
     assert [light.encode(t) for t in sample] == auto(sample)["input_ids"]  # special tokens
 
 
+@pytest.mark.parametrize("name", MODELS)
+def test_chunking_tokenizes_as_transformers_does(
+        name: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """Chunking calls the fast tokenizer's backend directly (`encode_contents`): the same
+    ids, offsets and words as transformers' own call, special-token strings in a text
+    included; the transformers tokenizer's own truncation is left as it was."""
+    from transformers import AutoTokenizer
+
+    from pipeline.extract.chunking import encode_contents
+
+    path = model_files(name, request, tmp_path)
+    auto = AutoTokenizer.from_pretrained(path, use_fast=True, local_files_only=True)
+    specials = [t for t in (auto.cls_token, auto.sep_token, auto.unk_token) if t]
+    sample = [*texts(), f"before {' and '.join(specials)} after", " ".join(["pain"] * 700)]
+    want = auto(sample, add_special_tokens=False, return_offsets_mapping=True)
+    auto.backend_tokenizer.enable_truncation(16)  # another caller's setting: neither reaches
+    got = encode_contents(auto, sample)           # the other
+    for k, encoding in enumerate(got):
+        assert encoding.ids == want["input_ids"][k], sample[k]
+        assert [tuple(o) for o in encoding.offsets] == \
+            [tuple(o) for o in want["offset_mapping"][k]], sample[k]
+        assert encoding.word_ids == want.word_ids(k), sample[k]
+    assert len(got[-1].ids) >= 700 and auto.backend_tokenizer.truncation["max_length"] == 16
+
+
 def test_tokenizer_file_truncation_is_ignored(minilm: Path) -> None:
     """MiniLM's tokenizer.json truncates at 128 tokens; AutoTokenizer does not, nor may
     the light reader (a long review would be counted short)."""
