@@ -866,6 +866,19 @@ def worked(address: str) -> dict[str, list[str]]:
         return {str(k): list(v) for k, v in client.run(loaded).items()}
 
 
+def holding_input(address: str) -> dict[str, list[str]]:
+    """Per worker: the runs whose extractor still holds decoded input rows."""
+    from distributed import Client
+
+    def holding(dask_worker: Any) -> list[str]:
+        caches = {name: getattr(getattr(p, "_extractor", None), "row_groups", None)
+                  for name, p in dask_worker.plugins.items()}
+        return sorted(name for name, c in caches.items() if c is not None and not c.empty)
+
+    with Client(address, timeout="60s") as client:
+        return {str(k): list(v) for k, v in client.run(holding).items()}
+
+
 @contextlib.contextmanager
 def runs_during(address: str) -> Iterator[dict[str, set[str]]]:
     """Per worker, the runs it ran partitions of during the block (filled in after it)."""
@@ -901,8 +914,9 @@ def test_cluster_workers_in_their_own_folders_read_and_write_s3(
         done = bertpipe("extract", "job.yaml", "--scheduler", address, cwd=client_dir,
                         env={"TMPDIR": str(client_dir)})
     assert done.returncode == 0, done.stderr
-    # both ran partitions of this run
+    # both ran partitions of this run, and let its input rows go when it ended
     assert len(this_run) == 2 and all(len(new) == 1 for new in this_run.values()), this_run
+    assert holding_input(address) == {worker: [] for worker in this_run}
     import pipeline
 
     got, want = pipeline.open_store(out), pipeline.open_store(e2e[f"{fmt}-local"])

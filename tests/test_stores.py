@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import xarray as xr
@@ -315,26 +316,53 @@ def test_a_row_group_shared_by_partitions_is_decoded_once(
         assert summary.encoded == 1 and sorted(reads) == [0, 1]
 
 
-def test_a_row_group_cache_serves_only_the_same_file_as_planned(tmp_path: Path) -> None:
-    """Keyed by the file's footer as planned: a file rewritten under the same name is read
-    again; a failed read is not kept."""
+def test_partitions_that_share_row_groups_decode_them_once(tmp_path: Path) -> None:
+    """Row groups of 10 and 30 rows, partitions of 4: the first decodes group 0, the one
+    across the boundary both groups, and every other partition is served from those."""
     from pipeline.extract.source import RowGroupCache, read_partition
     from pipeline.spec import InputSpec
 
+    texts = [f"row {i}" for i in range(40)]
     src = tmp_path / "t.parquet"
+    with pq.ParquetWriter(src, pa.schema([("text", pa.string())])) as out:
+        out.write_table(pa.table({"text": texts[:10]}))
+        out.write_table(pa.table({"text": texts[10:]}))
+    assert [pq.read_metadata(src).row_group(g).num_rows for g in range(2)] == [10, 30]
     spec = InputSpec(str(src), "text")
     cache = RowGroupCache()
-    write_table(src, {"text": ["a", "b", "c", "d"]})
-    first = plan_partitions(spec, 2)
-    assert [read_partition(spec, p, cache).texts for p in first] == [["a", "b"], ["c", "d"]]
-    assert cache.reads == 1
-    write_table(src, {"text": ["e", "f", "g", "h"]})
-    again = plan_partitions(spec, 2)
-    assert read_partition(spec, again[1], cache).texts == ["g", "h"] and cache.reads == 2
-    src.write_bytes(src.read_bytes()[:20] + b"\0" * 40 + src.read_bytes()[60:])  # data pages
-    with pytest.raises(pipeline.errors.InputError):
-        read_partition(spec, first[0], cache)
-    assert read_partition(spec, again[0], cache).texts == ["e", "f"]  # still the last good one
+    got = [read_partition(spec, p, cache).texts for p in plan_partitions(spec, 4)]
+    assert got == [texts[i : i + 4] for i in range(0, 40, 4)] and cache.reads == 2
+
+
+def test_a_file_rewritten_after_planning_is_refused_not_read_at_moved_rows(
+        tmp_path: Path) -> None:
+    """The same rows written again in other row groups while a run reads them: the
+    partitions planned on the old file are refused (they would be read at the new file's
+    offsets), cached or not; planned again, the file reads right. A failed read leaves
+    nothing behind."""
+    from pipeline.errors import UnreadableInputError
+    from pipeline.extract.source import RowGroupCache, read_partition
+    from pipeline.spec import InputSpec
+
+    texts = [f"row {i}" for i in range(40)]
+    src = tmp_path / "t.parquet"
+    write_table(src, {"text": texts}, row_group_size=10)
+    spec = InputSpec(str(src), "text")
+    cache = RowGroupCache()
+    planned = plan_partitions(spec, 4)
+    assert read_partition(spec, planned[0], cache).texts == texts[:4]
+    write_table(src, {"text": texts}, row_group_size=20)
+    for reader in (cache, None):
+        with pytest.raises(UnreadableInputError, match="changed after the run was planned"):
+            read_partition(spec, planned[6], reader)
+    again = plan_partitions(spec, 4)
+    assert read_partition(spec, again[6], cache).texts == texts[24:28]
+    good = src.read_bytes()
+    src.write_bytes(good[:20] + b"\0" * 40 + good[60:])  # a data page damaged
+    with pytest.raises(UnreadableInputError, match="cannot be read at rows 0-3"):
+        read_partition(spec, again[0], cache)
+    src.write_bytes(good)
+    assert read_partition(spec, again[0], cache).texts == texts[:4]
 
 
 @pytest.mark.parametrize("sizes", [[200] * 6, [5, 3, 9, 1, 12], [16], [7], [], [4, 4, 4, 4],

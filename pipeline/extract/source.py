@@ -13,6 +13,7 @@ import glob
 import hashlib
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -378,6 +379,19 @@ def _check_no_null_ids(pf: pq.ParquetFile, column: str, file: str) -> None:
         start += group.num_rows
 
 
+@dataclass(frozen=True)
+class _Decoded:
+    """Row groups of one file decoded: the file's rows [first_row, first_row + rows)."""
+
+    key: tuple[str, str, tuple[str, ...]]  # file, its footer's digest, the columns read
+    first_row: int
+    table: pa.Table
+
+    def holds(self, key: tuple[str, str, tuple[str, ...]], offset: int, n_rows: int) -> bool:
+        return key == self.key and self.first_row <= offset and \
+            offset + n_rows <= self.first_row + self.table.num_rows
+
+
 class RowGroupCache:
     """The row groups a partition read last, decoded, for the partitions after it.
 
@@ -387,52 +401,75 @@ class RowGroupCache:
     again, so reading a table grew with the square of its rows (100,000 rows in one row
     group: 391 partitions read in 47.6 s, against 0.3 s for the table once). Partitions
     are planned in file order and read in that order by each reader, so keeping the last
-    row groups read makes each decoded about once per reader.
+    row groups read makes each decoded about once per reader (twice where a partition
+    spans two: it decodes both).
 
-    One entry, so memory holds at most the row groups one partition needs (what reading
-    them took anyway); a reader's threads share it under a lock. Keyed by the file's
-    footer digest as planned, so a file rewritten since is never served from here."""
+    One entry: the last one is dropped before the next is decoded, so memory holds at most
+    the row groups one partition needs (what reading them took anyway). A reader's threads
+    share it under a lock. An entry is the file as planned: a decode first checks the
+    file's footer against the digest the partition was planned with (see `read_partition`)."""
 
     def __init__(self) -> None:
-        self._key: tuple[Any, ...] | None = None
-        self._table: pa.Table | None = None
+        self._last: _Decoded | None = None
         self._lock = threading.Lock()
-        self.reads = 0  # row-group reads made (tests count them)
+        self.reads = 0  # decodes made (tests count them)
 
-    def table(self, key: tuple[Any, ...] | None, read: Any) -> pa.Table:
-        """The table `read()` gives, from the cache when `key` matches the last one
-        (None: never cached)."""
+    def rows(self, key: tuple[str, str, tuple[str, ...]], offset: int, n_rows: int,
+             decode: Callable[[], _Decoded]) -> pa.Table:
+        """The file's rows [offset, offset + n_rows), from the last decode when it holds
+        them, else from `decode()`."""
         with self._lock:
-            if key is None or key != self._key:
+            last = self._last
+            if last is None or not last.holds(key, offset, n_rows):
+                self._last = last = None  # freed before the next decode, not after
+                last = decode()
                 self.reads += 1
-                self._table, self._key = read(), key
-            assert self._table is not None
-            return self._table
+                self._last = last
+            return last.table.slice(offset - last.first_row, n_rows)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._last = None
+
+    @property
+    def empty(self) -> bool:
+        return self._last is None
 
 
 def read_partition(spec: InputSpec, part: Partition,
                    cache: RowGroupCache | None = None) -> PartitionRows:
     """Rows [row_start, row_stop) of the table, reading only the row groups that hold them
-    (decoded once for the partitions that share them when a `cache` is given)."""
-    pf = _open(part.file, spec.storage_options)
-    columns = list(dict.fromkeys(
+    (decoded once for the partitions that share them when a `cache` is given). A file
+    whose footer is no longer the one the partition was planned with (rewritten since) is
+    refused: its rows may have moved."""
+    columns = tuple(dict.fromkeys(
         [spec.text_column, *([spec.id_column] if spec.id_column else []), *spec.carry_columns]))
-    groups, first_row = _row_groups_covering(pf.metadata, part.file_offset, part.n_rows)
+    key = (part.file, part.footer_sha256, columns)
 
-    def read() -> pa.Table:
+    def decode() -> _Decoded:
+        pf = _open(part.file, spec.storage_options)
+        if part.footer_sha256 and \
+                file_identity(part.file, spec.storage_options).footer_sha256 != \
+                part.footer_sha256:
+            raise UnreadableInputError(f"input.path: {part.file} changed after the run was "
+                                       "planned (its Parquet footer differs); rerun to read "
+                                       "it as it is now")
+        groups, first_row = _row_groups_covering(pf.metadata, part.file_offset, part.n_rows)
         try:
             with storage_errors(part.file, "input.path", InputError):
-                return pf.read_row_groups(groups, columns=columns)
+                table = pf.read_row_groups(groups, columns=list(columns))
         except (OSError, pa.ArrowException) as exc:
             last = part.file_offset + part.n_rows - 1
             raise UnreadableInputError(f"input.path: {part.file} cannot be read at rows "
                                        f"{part.file_offset}-{last} (row groups {groups[0]}-"
                                        f"{groups[-1]}): {first_line(exc)}") from None
+        return _Decoded(key, first_row, table)
 
-    key = (part.file, part.footer_sha256, tuple(groups), tuple(columns)) \
-        if part.footer_sha256 else None
-    table = (cache.table(key, read) if cache is not None else read()) \
-        .slice(part.file_offset - first_row, part.n_rows)
+    if cache is not None and part.footer_sha256:
+        table = cache.rows(key, part.file_offset, part.n_rows, decode)
+    else:
+        decoded = decode()
+        table = decoded.table.slice(part.file_offset - decoded.first_row, part.n_rows)
     if spec.id_column:
         ids = plain_array(table.column(spec.id_column))
         if ids.null_count:

@@ -230,6 +230,15 @@ def _partition_task(part: Partition, store_path: str, fingerprint: str, plugin: 
     return state.run(part, store_path, fingerprint, fence)
 
 
+def _drop_input(plugin: str, dask_worker: Any) -> None:
+    """On a worker, after a run: the input rows its extractor decoded last are let go (the
+    plugin, and the model it holds, stay for the next run of the same job)."""
+    state = dask_worker.plugins.get(plugin)
+    extractor = getattr(state, "_extractor", None)
+    if extractor is not None:
+        extractor.row_groups.clear()
+
+
 class DaskExecutor:
     def __init__(self, scheduler: str, workers: int | None = None,
                  threads_per_worker: int | None = None, say: Callable[[str], None] = log.info):
@@ -270,7 +279,6 @@ class DaskExecutor:
     def _run(self, client: Any, torch_threads: int | None, job: Job,
              parts: Sequence[Partition], fingerprint: str, on_done: OnDone,
              fence: Fence | None) -> Failures:
-        from distributed import as_completed
 
         self.dashboard = dashboard_of(client)
         self.say(f"dask scheduler {client.scheduler.address}"
@@ -294,6 +302,17 @@ class DaskExecutor:
                           resources=resources, pure=False): part
             for part in parts
         }
+        try:
+            return self._gather(client, futures, on_done)
+        finally:
+            with contextlib.suppress(Exception):  # a lost worker or scheduler holds nothing
+                client.run(_drop_input, name, on_error="ignore")
+
+    def _gather(self, client: Any, futures: dict[Any, Partition], on_done: OnDone
+                ) -> Failures:
+        """Each partition's outcome as it finishes: its marker reported, or its failure."""
+        from distributed import as_completed
+
         failures: Failures = []
         for future in as_completed(futures):
             part = futures[future]
