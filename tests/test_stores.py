@@ -316,6 +316,44 @@ def test_a_row_group_shared_by_partitions_is_decoded_once(
         assert summary.encoded == 1 and sorted(reads) == [0, 1]
 
 
+def test_an_input_written_again_during_a_run_fails_the_run_naming_it(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The input is written again (other row groups) after the run's first partition is
+    read: the run stops with exit 3 naming the file, the store is not complete, and the
+    rerun is refused (the input changed) until --overwrite."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+    from tests.conftest import write_job
+
+    texts = [f"review {i}" for i in range(24)]
+    src = write_table(tmp_path / "in.parquet", {"id": list(range(24)), "text": texts},
+                      row_group_size=12)
+    job = write_job(tmp_path / "job.yaml", job_dict(src, tiny_bert, tmp_path / "o.zarr",
+                                                    execution={"scheduler": "synchronous",
+                                                               "partition_rows": 4}))
+    prepare = Extractor.prepare
+
+    def rewriting(self: Extractor, part: Any, pad: bool = False) -> Any:
+        prepared = prepare(self, part, pad)
+        if part.index == 0:
+            write_table(src, {"id": list(range(24)), "text": texts}, row_group_size=8)
+        return prepared
+
+    monkeypatch.setattr(Extractor, "prepare", rewriting)
+    failed = CliRunner().invoke(main, ["extract", str(job)])
+    assert failed.exit_code == 3, failed.output
+    assert f"input.path: {src} changed after the run was planned" in failed.stderr
+    with pytest.raises(StoreError, match="incomplete"):
+        pipeline.open_store(tmp_path / "o.zarr")
+    monkeypatch.setattr(Extractor, "prepare", prepare)
+    assert CliRunner().invoke(main, ["extract", str(job)]).exit_code == 5
+    again = CliRunner().invoke(main, ["extract", str(job), "--overwrite"])
+    assert again.exit_code == 0, again.output
+    assert pipeline.open_store(tmp_path / "o.zarr").docs["id"].values.tolist() == \
+        list(range(24))
+
+
 def test_partitions_that_share_row_groups_decode_them_once(tmp_path: Path) -> None:
     """Row groups of 10 and 30 rows, partitions of 4: the first decodes group 0, the one
     across the boundary both groups, and every other partition is served from those."""

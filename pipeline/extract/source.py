@@ -452,8 +452,9 @@ def read_partition(spec: InputSpec, part: Partition,
                 file_identity(part.file, spec.storage_options).footer_sha256 != \
                 part.footer_sha256:
             raise UnreadableInputError(f"input.path: {part.file} changed after the run was "
-                                       "planned (its Parquet footer differs); rerun to read "
-                                       "it as it is now")
+                                       "planned (its Parquet footer differs): its rows may "
+                                       "have moved, so it is not read; rerun once nothing "
+                                       "writes it")
         groups, first_row = _row_groups_covering(pf.metadata, part.file_offset, part.n_rows)
         try:
             with storage_errors(part.file, "input.path", InputError):
