@@ -116,7 +116,7 @@ def test_chunking_tokenizes_as_transformers_does(
     included; the transformers tokenizer's own truncation is left as it was."""
     from transformers import AutoTokenizer
 
-    from pipeline.extract.chunking import encode_contents
+    from pipeline.extract.chunking import _calls_backend_only, encode_contents
 
     path = model_files(name, request, tmp_path)
     auto = AutoTokenizer.from_pretrained(path, use_fast=True, local_files_only=True)
@@ -131,6 +131,28 @@ def test_chunking_tokenizes_as_transformers_does(
             [tuple(o) for o in want["offset_mapping"][k]], sample[k]
         assert encoding.word_ids == want.word_ids(k), sample[k]
     assert len(got[-1].ids) >= 700 and auto.backend_tokenizer.truncation["max_length"] == 16
+    assert _calls_backend_only(auto)  # every family takes the direct path
+
+
+def test_a_tokenizer_class_that_changes_the_call_is_called(minilm: Path) -> None:
+    """A tokenizer whose own code changes the call (remote code may: here it drops each
+    text's last word) is called, not bypassed."""
+    from transformers import AutoTokenizer
+
+    from pipeline.extract.chunking import _calls_backend_only, encode_contents
+
+    auto = AutoTokenizer.from_pretrained(minilm, use_fast=True, local_files_only=True)
+
+    class Shortening(type(auto)):  # type: ignore[misc]
+        def __call__(self, text: Any, *args: Any, **kwargs: Any) -> Any:
+            return super().__call__([t.rsplit(" ", 1)[0] for t in text], *args, **kwargs)
+
+    shortening = Shortening.from_pretrained(minilm, local_files_only=True)
+    assert not _calls_backend_only(shortening)
+    got = encode_contents(shortening, ["the pain went away", "good drug"])
+    assert [e.ids for e in got] == auto(["the pain went", "good"],
+                                        add_special_tokens=False)["input_ids"]
+    assert got[0].word_ids == [0, 1, 2] and got[1].offsets == [(0, 4)]
 
 
 def test_tokenizer_file_truncation_is_ignored(minilm: Path) -> None:

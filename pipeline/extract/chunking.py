@@ -137,6 +137,8 @@ def encode_contents(tokenizer: Any, texts: list[str]) -> list[Any]:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:  # already a tokenizers.Tokenizer-like object (WordTokenizer)
         return list(tokenizer.encode_batch(texts, add_special_tokens=False))
+    if not _calls_backend_only(tokenizer):  # its class changes the call: take the call's
+        return _called(tokenizer, texts)
     with _backends_guard:
         own = _backends.get(tokenizer)
         if own is None:
@@ -148,6 +150,38 @@ def encode_contents(tokenizer: Any, texts: list[str]) -> list[Any]:
             own.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
             _backends[tokenizer] = own
     return own.encode_batch(texts, add_special_tokens=False)
+
+
+def _calls_backend_only(tokenizer: Any) -> bool:
+    """The tokenizer's class calls its backend as transformers' fast tokenizer does: it
+    overrides neither the call nor the encoding step (a model's own tokenizer code, with
+    trust_remote_code, may change the text or the ids in Python)."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    cls = type(tokenizer)
+    return isinstance(tokenizer, PreTrainedTokenizerFast) and \
+        cls.__call__ is PreTrainedTokenizerBase.__call__ and \
+        cls._encode_plus is PreTrainedTokenizerFast._encode_plus
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """What chunking reads of an encoding, taken from transformers' call."""
+
+    ids: list[int]
+    offsets: list[tuple[int, int]]
+    word_ids: list[int | None]
+
+
+def _called(tokenizer: Any, texts: list[str]) -> list[_Encoded]:
+    if not texts:
+        return []
+    out = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True,
+                    return_attention_mask=False, return_token_type_ids=False)
+    return [_Encoded(list(ids), [tuple(o) for o in offsets], out.word_ids(k))
+            for k, (ids, offsets) in enumerate(zip(out["input_ids"], out["offset_mapping"],
+                                                   strict=True))]
 
 
 def chunk_partition(texts: Sequence[str | None], tokenizer: Any, spec: ChunkingSpec,
