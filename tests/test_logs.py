@@ -211,3 +211,31 @@ def test_a_shutdown_timeout_nobody_read_is_not_an_error_line(
     assert any("ValueError('a real failure')" in line for line in unread)
     assert any("the store took too long" in line for line in unread)
     assert not any("TimeoutError('Timeout')" in line for line in unread)
+
+
+def test_workers_slow_to_drop_a_runs_input_do_not_hold_up_the_run(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a Dask run the client asks the workers to let its decoded input go; a worker
+    that does not answer (or a lost scheduler) delays the run by DROP_WAIT_S at most."""
+    import time
+
+    from pipeline.run import dask_executor
+
+    monkeypatch.setattr(dask_executor, "DROP_WAIT_S", 0.2)
+    asked: list[tuple[object, ...]] = []
+
+    class Client:
+        def __init__(self, answer_after: float, fails: bool = False) -> None:
+            self.answer_after, self.fails = answer_after, fails
+
+        def run(self, fn: object, *args: object, **kwargs: object) -> None:
+            asked.append((fn, *args, kwargs.get("on_error")))
+            time.sleep(self.answer_after)
+            if self.fails:
+                raise OSError("the scheduler went away")
+
+    for client in (Client(0.0), Client(5.0), Client(0.0, fails=True)):
+        started = time.monotonic()
+        dask_executor._let_workers_drop_input(client, "bertpipe-abc")
+        assert time.monotonic() - started < 1.0
+    assert asked[0] == (dask_executor._drop_input, "bertpipe-abc", "ignore") and len(asked) == 3

@@ -230,6 +230,24 @@ def _partition_task(part: Partition, store_path: str, fingerprint: str, plugin: 
     return state.run(part, store_path, fingerprint, fence)
 
 
+DROP_WAIT_S = 10.0  # the longest a run waits for its workers to drop its decoded input
+
+
+def _let_workers_drop_input(client: Any, plugin: str) -> None:
+    """Ask every worker to let the run's decoded input go, waiting at most DROP_WAIT_S: a
+    worker slow to answer must not hold up the run's commit (its rows then go with the
+    plugin's next run of the job, or with the worker). A lost worker or scheduler holds
+    nothing, so failures are ignored."""
+
+    def ask() -> None:
+        with contextlib.suppress(Exception):
+            client.run(_drop_input, plugin, on_error="ignore")
+
+    asking = threading.Thread(target=ask, name="bertpipe-drop-input", daemon=True)
+    asking.start()
+    asking.join(DROP_WAIT_S)
+
+
 def _drop_input(plugin: str, dask_worker: Any) -> None:
     """On a worker, after a run: the input rows its extractor decoded last are let go (the
     plugin, and the model it holds, stay for the next run of the same job)."""
@@ -305,8 +323,7 @@ class DaskExecutor:
         try:
             return self._gather(client, futures, on_done)
         finally:
-            with contextlib.suppress(Exception):  # a lost worker or scheduler holds nothing
-                client.run(_drop_input, name, on_error="ignore")
+            _let_workers_drop_input(client, name)
 
     def _gather(self, client: Any, futures: dict[Any, Partition], on_done: OnDone
                 ) -> Failures:
