@@ -177,3 +177,19 @@ def test_pooler_weights_from_the_header(tiny_bert: Path, tiny_distilbert: Path,
     damaged.mkdir()
     (damaged / "model.safetensors").write_bytes(b"\xff" * 12)
     assert modelfiles.has_pooler_weights(str(damaged)) is None
+
+
+def test_a_tokenizer_that_splits_special_tokens_is_followed(minilm: Path) -> None:
+    """With split_special_tokens, "[CLS]" in a text is text, not the token: chunking's
+    direct path splits it as transformers' call does."""
+    from transformers import AutoTokenizer
+
+    from pipeline.extract.chunking import encode_contents
+
+    sample = ["before [CLS] and [SEP] after"]
+    for split in (False, True):
+        auto = AutoTokenizer.from_pretrained(minilm, use_fast=True, local_files_only=True,
+                                             split_special_tokens=split)
+        want = auto(sample, add_special_tokens=False)["input_ids"]
+        assert [e.ids for e in encode_contents(auto, sample)] == want
+        assert (auto.cls_token_id in want[0]) is not split

@@ -216,9 +216,12 @@ class WordTokenizer:
     the length limit and the [UNK] token. Truncation and padding are off, as transformers
     sets them for a call that asks for neither."""
 
-    def __init__(self, backend: Any, model_max_length: int | None, unk_token: str | None):
+    def __init__(self, backend: Any, model_max_length: int | None, unk_token: str | None,
+                 split_special_tokens: bool = False):
         backend.no_truncation()
         backend.no_padding()
+        # a special token's string in a text is that token unless the tokenizer splits it
+        backend.encode_special_tokens = split_special_tokens
         self.backend = backend
         self.model_max_length = model_max_length
         self.unk_token = unk_token
@@ -248,11 +251,13 @@ def load_tokenizer(spec: ModelSpec) -> WordTokenizer:
             except Exception as exc:  # noqa: BLE001 - the Rust loader raises plain Exception
                 raise ModelError(f"model.path: cannot load the tokenizer of {spec.path!r} "
                                  f"offline: {first_line(exc)}") from None
-            return WordTokenizer(backend, _max_length(settings), _unk_token(settings, backend))
+            return WordTokenizer(backend, _max_length(settings), _unk_token(settings, backend),
+                                 bool(settings.get("split_special_tokens", False)))
     tokenizer = auto_tokenizer(spec)
     limit = tokenizer.model_max_length
     return WordTokenizer(tokenizer.backend_tokenizer, limit if isinstance(limit, int) else None,
-                         tokenizer.unk_token)
+                         tokenizer.unk_token, bool(getattr(tokenizer, "split_special_tokens",
+                                                           False)))
 
 
 def auto_tokenizer(spec: ModelSpec) -> Any:

@@ -245,6 +245,13 @@ def file_identity(file: str, options: Options = None) -> InputFile:
     """Path, size, rows and the SHA-256 of the Parquet footer (schema, row groups and their
     column statistics): a changed table changes it, and no data page is read (on an object
     store: ranged reads of the file's tail)."""
+    size, footer_sha256 = _footer(file, options)
+    return InputFile(path=file, size=size, rows=_open(file, options).metadata.num_rows,
+                     footer_sha256=footer_sha256)
+
+
+def _footer(file: str, options: Options = None) -> tuple[int, str]:
+    """The file's size and the SHA-256 of its Parquet footer, read from its tail alone."""
     with storage_errors(file, "input.path", InputError), _binary(file, options) as f:
         size = f.seek(0, os.SEEK_END)
         if size < 12:
@@ -256,8 +263,7 @@ def file_identity(file: str, options: Options = None) -> InputFile:
             raise InputError(f"input.path: {file} is not a readable Parquet file (no footer)")
         f.seek(size - 8 - length)
         footer = f.read(length)
-    return InputFile(path=file, size=size, rows=_open(file, options).metadata.num_rows,
-                     footer_sha256=hashlib.sha256(footer).hexdigest())
+    return size, hashlib.sha256(footer).hexdigest()
 
 
 def _binary(file: str, options: Options) -> BinaryIO:
@@ -419,13 +425,11 @@ class RowGroupCache:
         """The file's rows [offset, offset + n_rows), from the last decode when it holds
         them, else from `decode()`."""
         with self._lock:
-            last = self._last
-            if last is None or not last.holds(key, offset, n_rows):
-                self._last = last = None  # freed before the next decode, not after
-                last = decode()
+            if self._last is None or not self._last.holds(key, offset, n_rows):
+                self._last = None  # freed before the next decode, not after it
+                self._last = decode()
                 self.reads += 1
-                self._last = last
-            return last.table.slice(offset - last.first_row, n_rows)
+            return self._last.table.slice(offset - self._last.first_row, n_rows)
 
     def clear(self) -> None:
         with self._lock:
@@ -448,8 +452,7 @@ def read_partition(spec: InputSpec, part: Partition,
 
     def decode() -> _Decoded:
         pf = _open(part.file, spec.storage_options)
-        if part.footer_sha256 and \
-                file_identity(part.file, spec.storage_options).footer_sha256 != \
+        if part.footer_sha256 and _footer(part.file, spec.storage_options)[1] != \
                 part.footer_sha256:
             raise UnreadableInputError(f"input.path: {part.file} changed after the run was "
                                        "planned (its Parquet footer differs): its rows may "
@@ -466,11 +469,9 @@ def read_partition(spec: InputSpec, part: Partition,
                                        f"{groups[-1]}): {first_line(exc)}") from None
         return _Decoded(key, first_row, table)
 
-    if cache is not None and part.footer_sha256:
-        table = cache.rows(key, part.file_offset, part.n_rows, decode)
-    else:
-        decoded = decode()
-        table = decoded.table.slice(part.file_offset - decoded.first_row, part.n_rows)
+    if cache is None or not part.footer_sha256:  # nothing kept: a file unknown as planned
+        cache = RowGroupCache()
+    table = cache.rows(key, part.file_offset, part.n_rows, decode)
     if spec.id_column:
         ids = plain_array(table.column(spec.id_column))
         if ids.null_count:

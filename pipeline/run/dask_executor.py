@@ -297,7 +297,6 @@ class DaskExecutor:
     def _run(self, client: Any, torch_threads: int | None, job: Job,
              parts: Sequence[Partition], fingerprint: str, on_done: OnDone,
              fence: Fence | None) -> Failures:
-
         self.dashboard = dashboard_of(client)
         self.say(f"dask scheduler {client.scheduler.address}"
                  + (f", dashboard {self.dashboard}" if self.dashboard else ""))
