@@ -10,6 +10,7 @@ ids stay, flagged `present: false`, or are gone with `prune`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -18,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -291,6 +293,40 @@ def test_prune_removes_gone_rows(fmt: str, tmp_path: Path, base_stores: dict[str
     whole = ("rows", "chunks", "tokens", "tokens_covered")
     assert {k: store.provenance.stats[k] for k in whole} == \
         {k: oracle.provenance.stats[k] for k in whole}
+
+
+@pytest.mark.parametrize("fmt", EACH_FORMAT)
+def test_update_compared_in_buckets_on_disk_equals_a_run_from_scratch(
+        fmt: str, tmp_path: Path, base_stores: dict[str, Job], scratch: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 400-row update with the comparison split into buckets of 128 rows (the store's
+    and the input's 950 rows: 8 buckets) and passes of 64 rows: the same counts, the same
+    rows as a run from scratch, the texts to encode read again from the input; the scratch
+    folder was used and is gone after the run."""
+    from pipeline.run import compare
+
+    monkeypatch.setattr(compare, "BUCKET_ROWS", 128)
+    monkeypatch.setattr(compare, "STEP_ROWS", 64)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    used: list[list[str]] = []
+    close = compare.Scratch.close
+
+    def seen(self: Any) -> None:
+        used.append(sorted(p.name for p in Path(self.path(".")).iterdir()))
+        close(self)
+
+    monkeypatch.setattr(compare.Scratch, "close", seen)
+    job = _base_store(tmp_path, base_stores, fmt)
+    summary = run_job(job, incremental=True)
+    assert summary.encoded == NEW_ROWS + EDITED
+    assert (summary.added, summary.replaced, summary.gone) == (NEW_ROWS, EDITED, DELETED)
+    assert summary.superseded == _appended(fmt)
+    assert_same_rows(pipeline.open_store(job.output.path), pipeline.open_store(scratch[fmt]),
+                     ["mean", "cls"])
+    assert len(used) == 1 and "store-by-id-7.arrow" in used[0] and "input-0.arrow" in used[0]
+    assert list(temp.iterdir()) == []
 
 
 class DiesAfter(InProcessExecutor):
@@ -875,11 +911,18 @@ def test_update_on_a_local_dask_cluster(tmp_path: Path, tiny_bert: Path) -> None
                      ["mean", "cls"])
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["in-memory", "in-buckets"])
 @pytest.mark.parametrize("fmt", EACH_FORMAT)
-def test_carried_columns_with_nulls_and_documents_only(fmt: str, tmp_path: Path,
-                                                       tiny_bert: Path) -> None:
+def test_carried_columns_with_nulls_and_documents_only(fmt: str, split: bool, tmp_path: Path,
+                                                       tiny_bert: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Carried values come from the input for every present row and from the store for a
-    kept gone row, nulls included; a store of documents only updates too."""
+    kept gone row, nulls included; a store of documents only updates too; the same with
+    the comparison split into buckets of 5 rows over partitions of 4."""
+    from pipeline.run import compare
+
+    if split:
+        monkeypatch.setattr(compare, "BUCKET_ROWS", 5)
     ids = list(range(12))
     texts = [f"the drug worked {'very ' * i}well" for i in ids]
     scores = [None if i % 5 == 0 else i for i in ids]
@@ -889,7 +932,8 @@ def test_carried_columns_with_nulls_and_documents_only(fmt: str, tmp_path: Path,
     job = _job(tiny_bert, source, tmp_path / f"carry.{fmt}", fmt,
                input={"carry_columns": ["score", "tag"]},
                output={"path": str(tmp_path / f"carry.{fmt}"), "format": fmt,
-                       "levels": ["docs"]})
+                       "levels": ["docs"]},
+               execution={"scheduler": "synchronous", "partition_rows": 4 if split else 64})
     run_job(job)
     keep = [i for i in ids if i not in (5, 9)]  # gone: id 5 has a null score, 9 a null tag
     new_ids = keep + [12, 13]
@@ -1160,34 +1204,81 @@ def test_digest_lookup_finds_each_digests_first_stored_row_as_a_dictionary_does(
     assert DigestLookup(pa.array(stored, DIGEST)).index_in(pa.array([], DIGEST)).tolist() == []
 
 
-def _night(store: Any, table: dict[int, str], prune: bool, append_edits: bool
-           ) -> tuple[Any, Any, list[bytes]]:
-    """One update planned by `compare._plan` against `store` (ids, digests, present, and
-    the digest each row's results were made from), as the real comparison builds its
-    inputs; the next store as `assemble` writes it, and the plan."""
-    from pipeline.extract.texthash import text_sha256_bytes
-    from pipeline.run.compare import DIGEST, DigestLookup, InputRows, StoreRows, _plan
+@dataclasses.dataclass
+class _Toy:
+    """A store as the comparison sees it, and the digest each row's results were made from."""
 
-    ids, texts = list(table), list(table.values())
+    ids: pa.Array
+    digests: pa.Array
+    present: np.ndarray
+    made_from: list[bytes]
+
+
+PLAN_FIELDS = ("from_store", "source", "input_row", "store_row", "was_present")
+PLAN_COUNTS = ("added", "replaced", "unchanged", "gone", "pruned", "superseded", "dropped",
+               "appended_edits", "delta_digests")
+
+
+def _plan_night(store: _Toy, table: dict[int, str], prune: bool, append_edits: bool) -> Any:
+    """One update planned by `compare.plan` against `store`, the input given in
+    partitions of 5 rows as the real comparison reads them."""
+    from pipeline.extract.texthash import text_sha256_bytes
+    from pipeline.run.compare import DIGEST, StoreRows, plan
+    from pipeline.spec import InputSpec
+
+    ids, texts = pa.array(list(table), pa.int64()), list(table.values())
     digests = pa.array(text_sha256_bytes(texts), DIGEST)
-    inputs = InputRows(pa.chunked_array([pa.array(ids, pa.int64())]),
-                       pa.chunked_array([digests]), pa.table({}))
-    copy_of = DigestLookup(store.rows.digests).index_in(digests)
-    delta: dict[bytes, int] = {}
-    for i in np.flatnonzero(copy_of < 0):
-        delta.setdefault(digests[int(i)].as_py(), len(delta))
-    changes = _plan(store.rows, inputs, copy_of, delta, [None] * len(delta), prune,
-                    append_edits)
-    old_ids, old_digests = store.rows.ids.to_pylist(), store.rows.digests.to_pylist()
+
+    def batches(id_type: Any) -> Iterator[Any]:
+        for start in range(0, len(ids), 5):
+            yield (ids[start : start + 5], digests[start : start + 5], pa.table({}),
+                   texts[start : start + 5])
+
+    return plan(StoreRows.of_arrays(store.ids, store.digests, store.present), batches,
+                len(ids), prune, append_edits, InputSpec("in.parquet", "text", "id"))
+
+
+def _night(store: _Toy, table: dict[int, str], prune: bool, append_edits: bool
+           ) -> tuple[_Toy, Any, list[bytes]]:
+    """One update planned in memory, and again split into buckets of 4 rows on a scratch
+    disk in steps of 3 rows (the same plan, exactly); the next store as `assemble` writes
+    it, and the plan."""
+    from unittest import mock
+
+    from pipeline.extract.texthash import text_sha256_bytes
+    from pipeline.run import compare
+
+    changes = _plan_night(store, table, prune, append_edits)
+    with mock.patch.object(compare, "BUCKET_ROWS", 4), mock.patch.object(compare, "STEP_ROWS", 3):
+        split = _plan_night(store, table, prune, append_edits)
+    assert (split.scratch is not None and split.scratch.on_disk) == \
+        (len(store.ids) + len(table) > 4)
+    for name in PLAN_FIELDS:
+        np.testing.assert_array_equal(np.asarray(getattr(split, name)),
+                                      np.asarray(getattr(changes, name)), err_msg=name)
+    for name in PLAN_COUNTS:
+        assert getattr(split, name) == getattr(changes, name), name
+    np.testing.assert_array_equal(split.delta_rows, changes.delta_rows)
+    assert split.inputs.ids.equals(changes.inputs.ids)
+    split.close()
+    ids, digests = list(table), text_sha256_bytes(list(table.values()))
+    old_ids, old_digests = store.ids.to_pylist(), store.digests.to_pylist()
     new_ids = [ids[i] if i >= 0 else old_ids[r]
                for i, r in zip(changes.input_row, changes.store_row, strict=True)]
-    new_digests = [digests[int(i)].as_py() if i >= 0 else old_digests[r]
+    new_digests = [digests[i] if i >= 0 else old_digests[r]
                    for i, r in zip(changes.input_row, changes.store_row, strict=True)]
-    made_from = [store.made_from[s] if f else list(delta)[s]
+    delta = list(changes.delta_digests)
+    assert text_sha256_bytes(changes.delta_texts) == delta  # kept on the way, in one bucket
+    assert split.delta_texts == [None] * len(delta) or not split.scratch.on_disk
+    # the delta's first rows hold its texts, in input order
+    assert [digests[r] for r in changes.delta_rows] == delta
+    assert list(changes.delta_rows) == sorted(changes.delta_rows)
+    made_from = [store.made_from[s] if f else delta[s]
                  for f, s in zip(changes.from_store, changes.source, strict=True)]
-    after = type(store)(StoreRows(pa.array(new_ids, pa.int64()), pa.array(new_digests, DIGEST),
-                                  changes.input_row >= 0), made_from)
-    return after, changes, list(delta)
+    after = _Toy(pa.array(new_ids, pa.int64()), pa.array(new_digests, compare.DIGEST),
+                 np.asarray(changes.input_row) >= 0, made_from)
+    changes.close()
+    return after, changes, delta
 
 
 @given(nights=st.lists(st.tuples(st.dictionaries(st.integers(0, 15),
@@ -1203,37 +1294,30 @@ def test_plans_over_many_nights_keep_one_current_row_per_id(
     recorded text; the present rows are exactly the input (one per id, its last row);
     texts the store held anywhere are copied, never encoded; with nothing dropped, the old
     rows keep their places, and with edits appended none of them takes new results (no
-    chunk of the old rows is rewritten); superseded rows never pass their share."""
-    from dataclasses import dataclass
-
+    chunk of the old rows is rewritten); superseded rows never pass their share. Each
+    night is also planned split into buckets on disk: the same plan."""
     from pipeline.extract.texthash import text_sha256_bytes
-    from pipeline.run.compare import DIGEST, SUPERSEDED_SHARE, StoreRows
+    from pipeline.run.compare import DIGEST, SUPERSEDED_SHARE
 
-    @dataclass
-    class Toy:
-        rows: StoreRows
-        made_from: list[bytes]
-
-    store = Toy(StoreRows(pa.array([], pa.int64()), pa.array([], DIGEST), np.zeros(0, bool)),
-                [])
+    store = _Toy(pa.array([], pa.int64()), pa.array([], DIGEST), np.zeros(0, bool), [])
     for table, prune in nights:
         before = store
         store, changes, encoded = _night(before, table, prune, append_edits)
-        ids = np.asarray(store.rows.ids)
-        digests = store.rows.digests.to_pylist()
+        ids = np.asarray(store.ids)
+        digests = store.digests.to_pylist()
         assert store.made_from == digests  # every row's vectors are its text's
         want = dict(zip(table, text_sha256_bytes(list(table.values())), strict=True))
-        present = np.flatnonzero(store.rows.present)
+        present = np.flatnonzero(store.present)
         assert sorted(ids[present].tolist()) == sorted(want)  # one present row per id
         for row in present:
             assert digests[row] == want[ids[row]]
             assert row == np.flatnonzero(ids == ids[row])[-1]  # the id's last row
-        held = set(before.rows.digests.to_pylist())
+        held = set(before.digests.to_pylist())
         assert set(encoded) == set(want.values()) - held
-        n_old = len(before.rows.ids)
+        n_old = len(before.ids)
         if not changes.pruned and not changes.dropped and \
                 len(ids) >= n_old and n_old == len(before.made_from):
-            np.testing.assert_array_equal(ids[:n_old], np.asarray(before.rows.ids))
+            np.testing.assert_array_equal(ids[:n_old], np.asarray(before.ids))
             if changes.appended_edits:
                 assert (changes.from_store[:n_old] & (changes.source[:n_old]
                                                       == np.arange(n_old))).all()
@@ -1243,4 +1327,4 @@ def test_plans_over_many_nights_keep_one_current_row_per_id(
         else:  # edits in place: an id never has two rows
             assert not stale and not changes.appended_edits
         if prune:
-            assert store.rows.present.all()
+            assert store.present.all()

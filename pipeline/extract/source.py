@@ -150,7 +150,7 @@ def check_unique_ids(spec: InputSpec, scan: InputScan, incremental: bool = False
     ids); only rows whose hash repeats are read again, to name them exactly."""
     if not spec.id_column or not spec.unique_ids:
         return
-    hashes = [_id_hashes(_read_ids(spec, f.path)) for f in scan.files]
+    hashes = [id_hashes(_read_ids(spec, f.path)) for f in scan.files]
     every = np.concatenate(hashes) if hashes else np.empty(0, np.uint64)
     order = np.argsort(every, kind="stable")  # equal hashes end up side by side, rows ascending
     ranked = every[order]
@@ -186,7 +186,7 @@ def _read_ids(spec: InputSpec, file: str) -> pa.Array:
     return plain_array(column)
 
 
-def _id_hashes(ids: pa.Array) -> np.ndarray:
+def id_hashes(ids: pa.Array) -> np.ndarray:
     """One uint64 per id; equal ids hash alike across files (integers of any width)."""
     from pandas.util import hash_array
 

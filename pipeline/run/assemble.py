@@ -249,7 +249,7 @@ def _docs_block(a: Assembly, rows: np.ndarray, with_views: bool = True,
     columns: dict[str, pa.Array] = {"row": pa.array(rows.astype(np.int64))}
     # a kept row's id and digest as the comparison read them (gone and superseded rows lie
     # all over the store: reading them again cost a chunk each)
-    kept_ids, kept_digests = c.alone_at(gone_rows) if len(gone_rows) else (None, None)
+    kept_ids, kept_digests = c.stored_at(gone_rows) if len(gone_rows) else (None, None)
     columns["id"] = _combine(has_input, c.inputs.ids.take(take), kept_ids)
     fields = {name: _gather(a, "docs", name, from_store, source, unread.of(name, len(rows)))
               for name in DOC_FIELDS}

@@ -9,26 +9,40 @@ dropped), then the rows with new ids, in input order. A changed text either repl
 row in place or, for a format that updates its arrays in place (Icechunk), is added at the
 end with the new ids while its old row stays where it was, flagged `present: false` and
 superseded: the id's current row is always its last.
+
+Memory does not grow with the table. The store's ids and digests and the input's are split
+by a hash of the id (to match ids) and of the digest (to find identical texts) into buckets
+of about BUCKET_ROWS rows, compared one bucket at a time; past one bucket, the buckets, both
+sides in row order and the plan's row-length arrays are files in a scratch folder, memory-
+mapped (the operating system pages them in and out), and every pass over a row-length
+array goes STEP_ROWS at a time. The texts to encode are read again, from the partitions
+that hold them, once the comparison knows which they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import xarray as xr
 
-from ..errors import InputError, StoreError
-from ..extract.source import Partition, RowGroupCache, read_partition
+from ..errors import InputError, StoreError, UnreadableInputError
+from ..extract.source import Partition, RowGroupCache, id_hashes, read_partition
 from ..extract.texthash import text_sha256_bytes
 from ..spec import InputSpec
 from ..stores.opened import current_rows, last_of_each_id
 
 DIGEST = pa.binary(32)  # a text's SHA-256 while comparing (stored as hex)
 READ_ROWS = 65536  # the store's digests are read and converted this many at a time
+# store and input rows compared in memory at once (ids, digests, rows and the hash tables
+# over them: about 200 bytes a row); more are split into buckets on a scratch disk
+BUCKET_ROWS = 4_000_000
+STEP_ROWS = 1 << 20  # rows per step of a pass over a row-length array
 # Superseded rows (edits appended) are kept until they would pass this share of the new
 # version's rows; that update then drops them all and makes its edits in place (rows move
 # from the first dropped one on, as in a prune)
@@ -52,13 +66,17 @@ def to_hex(digests: pa.Array | pa.ChunkedArray) -> pa.Array:
     return pa.StringArray.from_buffers(n, offsets, pa.py_buffer(raw.hex().encode()))
 
 
+# the store's rows [start, stop): ids, digests (binary(32)) and `present` flags
+ReadRows = Callable[[int, int], tuple[pa.Array, pa.Array, np.ndarray]]
+
+
 @dataclass
 class StoreRows:
-    """What the comparison needs of the store's current version, in store order."""
+    """The store's current version as the comparison reads it: its ids, text digests and
+    `present` flags, READ_ROWS rows at a time, in store order."""
 
-    ids: pa.Array
-    digests: pa.Array  # SHA-256 of each row's text, binary(32)
-    present: np.ndarray  # bool
+    rows: int
+    read: ReadRows
 
     @classmethod
     def of(cls, docs: xr.Dataset, path: str) -> StoreRows:
@@ -66,17 +84,26 @@ class StoreRows:
             raise StoreError(f"output.path: {path} was written without text digests (by an "
                              "older bertpipe), so an incremental run cannot tell which rows "
                              "changed; rebuild it once with --overwrite")
-        ids = pa.array(np.asarray(docs["id"].values))
-        stored = docs["text_sha256"]
-        n = stored.sizes["doc"]
-        # read block by block: a block's hex strings as Python objects are 4x their size
-        digests = pa.chunked_array([
-            from_hex(pa.array(np.asarray(stored[i : i + READ_ROWS].values), pa.string()))
-            for i in range(0, n, READ_ROWS)], DIGEST).combine_chunks()
-        return cls(ids, digests, np.asarray(docs["present"].values, dtype=bool))
+
+        def read(start: int, stop: int) -> tuple[pa.Array, pa.Array, np.ndarray]:
+            # a block's hex strings as Python objects are 4x their size: never all at once
+            hexes = np.asarray(docs["text_sha256"][start:stop].values)
+            return (pa.array(np.asarray(docs["id"][start:stop].values)),
+                    from_hex(pa.array(hexes, pa.string())),
+                    np.asarray(docs["present"][start:stop].values, dtype=bool))
+
+        return cls(int(docs.sizes["doc"]), read)
+
+    @classmethod
+    def of_arrays(cls, ids: pa.Array, digests: pa.Array, present: np.ndarray) -> StoreRows:
+        return cls(len(ids), lambda a, b: (ids[a:b], digests[a:b], present[a:b]))
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return self.rows
+
+    def blocks(self) -> Iterator[tuple[int, pa.Array, pa.Array, np.ndarray]]:
+        for start in range(0, self.rows, READ_ROWS):
+            yield start, *self.read(start, min(start + READ_ROWS, self.rows))
 
 
 @dataclass
@@ -86,6 +113,10 @@ class InputRows:
     ids: pa.ChunkedArray
     digests: pa.ChunkedArray  # binary(32)
     carry: pa.Table
+
+
+# One partition of the input as the comparison needs it: ids, digests, carried columns, texts
+InputBatch = tuple[pa.Array, pa.Array, pa.Table, Sequence[str | None]]
 
 
 @dataclass
@@ -98,12 +129,11 @@ class Changes:
     store_row: np.ndarray  # (R,) int64: row of the store it was, -1 for a new id
     was_present: np.ndarray  # (R,) bool: its store row's `present` flag (False: a new id)
     inputs: InputRows
-    # the store rows kept without an input row (gone, superseded), ascending, and their ids
-    # and digests as compared: the new version takes them from here, not from the store
-    alone: np.ndarray
-    alone_ids: pa.Array
-    alone_digests: pa.Array
+    # the store's ids and digests as compared, in store order: a kept row without an input
+    # row (gone, superseded) takes them from here, not from the store
+    stored: pa.Table
     delta_digests: list[bytes] = field(default_factory=list)  # distinct texts to encode
+    delta_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # 1st row
     delta_texts: list[str | None] = field(default_factory=list)
     added: int = 0
     replaced: int = 0
@@ -113,15 +143,22 @@ class Changes:
     superseded: int = 0  # rows the new version keeps, flagged, whose id has a later row
     dropped: int = 0  # superseded rows removed (a prune, or past SUPERSEDED_SHARE)
     appended_edits: bool = False  # changed texts were added at the end, not made in place
+    scratch: Scratch | None = None  # holds the files the arrays above may be mapped from
 
     @property
     def rows(self) -> int:
         return len(self.source)
 
-    def alone_at(self, store_rows: np.ndarray) -> tuple[pa.Array, pa.Array]:
-        """Ids and digests of store rows kept without an input row."""
-        at = pa.array(np.searchsorted(self.alone, store_rows))
-        return self.alone_ids.take(at), self.alone_digests.take(at)
+    def close(self) -> None:
+        """Remove the scratch files (the arrays above must not be used after)."""
+        if self.scratch is not None:
+            self.scratch.close()
+
+    def stored_at(self, store_rows: np.ndarray) -> tuple[pa.Array, pa.Array]:
+        """Ids and digests of store rows, as the comparison read them."""
+        at = pa.array(np.asarray(store_rows, np.int64))
+        return (self.stored.column("id").take(at).combine_chunks(),
+                self.stored.column("digest").take(at).combine_chunks())
 
     @property
     def encoded(self) -> int:
@@ -133,42 +170,390 @@ class Changes:
         return self.added + self.replaced - self.encoded
 
 
+class Scratch:
+    """Where the comparison keeps what grows with the table: in memory, or, past one
+    bucket, in files of a temporary folder, memory-mapped (removed with this object)."""
+
+    def __init__(self, on_disk: bool):
+        self._folder = tempfile.TemporaryDirectory(prefix="bertpipe-compare-") \
+            if on_disk else None
+
+    @property
+    def on_disk(self) -> bool:
+        return self._folder is not None
+
+    def path(self, name: str) -> Path:
+        assert self._folder is not None
+        return Path(self._folder.name) / name
+
+    def array(self, name: str, n: int, dtype: type | np.dtype, fill: int | bool = 0
+              ) -> np.ndarray:
+        if self._folder is None:
+            return np.full(n, fill, dtype)
+        out = np.lib.format.open_memmap(self.path(f"{name}.npy"), "w+", np.dtype(dtype), (n,))
+        if fill:  # a new file reads as zeros
+            for step in steps(n):
+                out[step] = fill
+        return out
+
+    def table(self, name: str, batches: Iterable[pa.RecordBatch], empty: pa.Schema
+              ) -> pa.Table:
+        """The batches as one table (their column types promoted to one, as a column of
+        nulls only to the type of the others): in memory, or written as they come to Arrow
+        files (one per run of batches of one schema) mapped back."""
+        if self._folder is None:
+            runs = [pa.Table.from_batches([batch]) for batch in batches]
+        else:
+            runs = [pa.ipc.open_file(pa.memory_map(str(file))).read_all()
+                    for file in self._write_runs(name, batches)]
+        if not runs:
+            return empty.empty_table()
+        return pa.concat_tables(runs, promote_options="permissive")
+
+    def _write_runs(self, name: str, batches: Iterable[pa.RecordBatch]) -> list[Path]:
+        files: list[Path] = []
+        sink, writer, schema = None, None, None
+        for batch in batches:
+            if writer is None or batch.schema != schema:
+                if writer is not None and sink is not None:
+                    writer.close()
+                    sink.close()
+                files.append(self.path(f"{name}-{len(files)}.arrow"))
+                schema = batch.schema
+                sink = pa.OSFile(str(files[-1]), "wb")
+                writer = pa.ipc.new_file(sink, schema)
+            writer.write_batch(batch)
+        if writer is not None and sink is not None:
+            writer.close()
+            sink.close()
+        return files
+
+    def close(self) -> None:
+        if self._folder is not None:
+            self._folder.cleanup()
+
+
+def steps(n: int) -> Iterator[slice]:
+    """[0, n) in slices of STEP_ROWS."""
+    for start in range(0, n, STEP_ROWS):
+        yield slice(start, min(start + STEP_ROWS, n))
+
+
+class Buckets:
+    """Rows split by a hash into `k` buckets, each read back whole, its rows in the order
+    they were added (ascending)."""
+
+    def __init__(self, scratch: Scratch, name: str, k: int, schema: pa.Schema):
+        self.k, self.schema = k, schema
+        self.held: list[list[pa.RecordBatch]] = [[] for _ in range(k)]
+        self.files = [scratch.path(f"{name}-{b}.arrow") for b in range(k)] \
+            if scratch.on_disk else []
+        self.writers: dict[int, pa.ipc.RecordBatchStreamWriter] = {}
+
+    def add(self, batch: pa.RecordBatch, hashes: np.ndarray | None) -> None:
+        if self.k == 1 or hashes is None:
+            self._put(0, batch)
+            return
+        which = (hashes % np.uint64(self.k)).astype(np.int64)
+        order = np.argsort(which, kind="stable")
+        bounds = np.searchsorted(which[order], np.arange(self.k + 1))
+        ordered = batch.take(pa.array(order))
+        for b in range(self.k):
+            if bounds[b + 1] > bounds[b]:
+                self._put(b, ordered.slice(bounds[b], bounds[b + 1] - bounds[b]))
+
+    def _put(self, b: int, batch: pa.RecordBatch) -> None:
+        if not self.files:
+            self.held[b].append(batch)
+            return
+        if b not in self.writers:
+            self.writers[b] = pa.ipc.new_stream(str(self.files[b]), self.schema)
+        self.writers[b].write_batch(batch)
+
+    def get(self, b: int) -> pa.Table:
+        for writer in self.writers.values():
+            writer.close()
+        self.writers = {}
+        if not self.files:
+            return pa.Table.from_batches(self.held[b], self.schema)
+        if not self.files[b].exists():
+            return self.schema.empty_table()
+        return pa.ipc.open_stream(pa.memory_map(str(self.files[b]))).read_all()
+
+
+def bucket_count(rows: int) -> int:
+    return max(1, -(-rows // BUCKET_ROWS))
+
+
 def compare(spec: InputSpec, parts: Sequence[Partition], store: StoreRows,
             prune: bool, append_edits: bool = False) -> Changes:
-    """Read the input partition by partition (ids, texts, carried columns) and decide, row
-    by row, what the new version holds and what must be encoded. `append_edits`: a changed
-    text is added at the end and its old row kept, flagged (for a format that writes only
-    the chunks that differ: an edit then rewrites none of its neighbours), unless the
-    update drops rows anyway (`prune`, or superseded rows past SUPERSEDED_SHARE); else it
-    replaces the old row in place."""
-    ids, digests, carry = [], [], []
-    copies: list[np.ndarray] = []  # per partition: each row's first store row of its text
-    delta: dict[bytes, int] = {}  # digest -> row of the delta
-    delta_texts: list[str | None] = []
-    store_ids = store.ids
-    stored = DigestLookup(store.digests)
+    """Read the input partition by partition (ids, digests, carried columns) and decide,
+    row by row, what the new version holds and what must be encoded; then read the texts
+    to encode. `append_edits`: a changed text is added at the end and its old row kept,
+    flagged (for a format that writes only the chunks that differ: an edit then rewrites
+    none of its neighbours), unless the update drops rows anyway (`prune`, or superseded
+    rows past SUPERSEDED_SHARE); else it replaces the old row in place."""
     row_groups = RowGroupCache()
-    for part in parts:
-        rows = read_partition(spec, part, row_groups)
-        part_ids = _ids_like(rows.ids, store_ids, spec)
-        part_digests = pa.array(text_sha256_bytes(rows.texts), DIGEST)
-        # encoded unless its text is stored (at its id's row, or an identical text anywhere)
-        copies.append(stored.index_in(part_digests))
-        wanted = np.flatnonzero(copies[-1] < 0)
-        for i in wanted:
-            digest = part_digests[i].as_py()
-            if digest not in delta:
-                delta[digest] = len(delta_texts)
-                delta_texts.append(rows.texts[i])
-        ids.append(part_ids)
-        digests.append(part_digests)
-        carry.append(pa.table(rows.carry) if rows.carry else pa.table({}))
-    inputs = InputRows(pa.chunked_array(ids, store_ids.type),
-                       pa.chunked_array(digests, DIGEST),
-                       _concat(carry, sum(p.n_rows for p in parts)))
-    _check_unique(inputs.ids, spec, parts)
-    copy_of = np.concatenate(copies) if copies else np.zeros(0, np.int64)
-    return _plan(store, inputs, copy_of, delta, delta_texts, prune, append_edits)
+
+    def batches(id_type: pa.DataType | None) -> Iterator[InputBatch]:
+        for part in parts:
+            rows = read_partition(spec, part, row_groups)
+            carry = pa.table(rows.carry) if rows.carry else pa.table({})
+            yield (_ids_like(rows.ids, id_type, spec),
+                   pa.array(text_sha256_bytes(rows.texts), DIGEST), carry, rows.texts)
+
+    changes = plan(store, batches, sum(p.n_rows for p in parts), prune, append_edits, spec)
+    if changes.scratch is not None and changes.scratch.on_disk:  # texts not kept on the way
+        changes.delta_texts = _delta_texts(spec, parts, changes, row_groups)
+    return changes
+
+
+def plan(store: StoreRows, batches: Callable[[pa.DataType | None], Iterable[InputBatch]],
+         n_input: int, prune: bool, append_edits: bool, spec: InputSpec) -> Changes:
+    """The new version against `store`, for the input in `batches` (given the store's id
+    type, or None for an empty store). In one bucket, the store's digests are looked up as
+    the input is read and the texts to encode kept on the way; split into buckets, the
+    delta's texts are left as None (its first rows say where they are)."""
+    k = bucket_count(len(store) + n_input)
+    scratch = Scratch(on_disk=k > 1)
+    try:
+        stored = _Side.of_store(store, scratch, k)
+        copy_of = scratch.array("copy_of", n_input, np.int64, -1)
+        inline = _InlineDigests(stored.by_digest.get(0), copy_of) if k == 1 else None
+        given = _Side.of_input(batches(stored.id_type), scratch, k, n_input, inline)
+        found = _Found.of(stored, given, scratch, k, spec, copy_of, inline)
+        changes = _plan(found, stored, given, prune, append_edits, scratch)
+    except BaseException:
+        scratch.close()
+        raise
+    changes.scratch = scratch
+    return changes
+
+
+@dataclass
+class _Side:
+    """One side of the comparison: its rows in order (ids, digests, and the store's
+    `present` flags or the input's carried columns), and by bucket: rows by id and rows
+    by digest (the same buckets when there is one)."""
+
+    rows: int
+    ordered: pa.Table
+    by_id: Buckets
+    by_digest: Buckets
+    id_type: pa.DataType | None
+
+    @classmethod
+    def of_store(cls, store: StoreRows, scratch: Scratch, k: int) -> _Side:
+        first_ids = store.read(0, min(len(store), 1))[0]
+        id_type = first_ids.type if len(store) else None
+        keyed, by_id, by_digest = _buckets(scratch, "store", k, first_ids.type)
+        schema = pa.schema([("id", first_ids.type), ("digest", DIGEST), ("present", pa.bool_())])
+
+        def ordered() -> Iterator[pa.RecordBatch]:
+            for start, ids, digests, present in store.blocks():
+                _add(by_id, by_digest, keyed, start, ids, digests)
+                yield pa.record_batch([ids, digests, pa.array(present)], schema=schema)
+
+        return cls(len(store), scratch.table("store", ordered(), schema), by_id, by_digest,
+                   id_type)
+
+    @classmethod
+    def of_input(cls, batches: Iterable[InputBatch], scratch: Scratch, k: int,
+                 n_input: int, inline: _InlineDigests | None) -> _Side:
+        buckets: list[tuple[pa.Schema, Buckets, Buckets]] = []
+        read = [0]
+
+        def ordered() -> Iterator[pa.RecordBatch]:
+            for ids, digests, carry, texts in batches:
+                start = read[0]
+                if inline is not None:
+                    inline.add(start, digests, texts)
+                if not buckets:
+                    buckets.append(_buckets(scratch, "input", k, ids.type))
+                _add(buckets[0][1], buckets[0][2], buckets[0][0], start, ids, digests)
+                read[0] += len(ids)
+                yield pa.record_batch({"id": ids, "digest": digests, **{
+                    name: carry.column(name).combine_chunks() for name in carry.column_names}})
+
+        table = scratch.table("input", ordered(),
+                              pa.schema([("id", pa.int64()), ("digest", DIGEST)]))
+        if read[0] != n_input:
+            raise StoreError(f"internal: {read[0]} input rows read, {n_input} planned")
+        _, by_id, by_digest = buckets[0] if buckets else _buckets(scratch, "input", k,
+                                                                  pa.int64())
+        return cls(n_input, table, by_id, by_digest, None)
+
+    def inputs(self) -> InputRows:
+        carry = [n for n in self.ordered.column_names if n not in ("id", "digest")]
+        return InputRows(self.ordered.column("id"), self.ordered.column("digest"),
+                         self.ordered.select(carry))
+
+
+def _buckets(scratch: Scratch, side: str, k: int, id_type: pa.DataType
+             ) -> tuple[pa.Schema, Buckets, Buckets]:
+    keyed = pa.schema([("id", id_type), ("digest", DIGEST), ("row", pa.int64())])
+    by_id = Buckets(scratch, f"{side}-by-id", k, keyed)
+    return keyed, by_id, by_id if k == 1 else Buckets(scratch, f"{side}-by-digest", k, keyed)
+
+
+def _add(by_id: Buckets, by_digest: Buckets, keyed: pa.Schema, start: int, ids: pa.Array,
+         digests: pa.Array) -> None:
+    batch = pa.record_batch([ids, digests, pa.array(np.arange(start, start + len(ids)))],
+                            schema=keyed)
+    if by_id is by_digest:
+        by_id.add(batch, None)
+        return
+    by_id.add(batch, id_hashes(ids))
+    by_digest.add(batch, _digest_hashes(digests))
+
+
+def _digest_hashes(digests: pa.Array) -> np.ndarray:
+    """A digest's first 8 bytes (a SHA-256 is already evenly spread)."""
+    raw = np.frombuffer(digests.buffers()[1], np.uint64, count=4 * len(digests),
+                        offset=digests.offset * 32)
+    return raw[::4].copy()
+
+
+@dataclass
+class _Found:
+    """What matching the two sides found, per input row: the store row holding its id now
+    (-1: none), whether that row's text differs, the first store row holding its text (-1:
+    none), its row of the delta (-1: not encoded); per store row: superseded (its id has a
+    later row). The delta: its distinct digests, each at its first input row."""
+
+    at: np.ndarray
+    edited: np.ndarray
+    copy_of: np.ndarray
+    delta_of: np.ndarray
+    superseded: np.ndarray
+    delta_digests: list[bytes]
+    delta_rows: np.ndarray
+    delta_texts: list[str | None]
+
+    @classmethod
+    def of(cls, stored: _Side, given: _Side, scratch: Scratch, k: int, spec: InputSpec,
+           copy_of: np.ndarray, inline: _InlineDigests | None) -> _Found:
+        n, s = given.rows, stored.rows
+        at = scratch.array("at", n, np.int64, -1)
+        edited = scratch.array("edited", n, bool)
+        superseded = scratch.array("superseded", s, bool)
+        repeats: list[tuple[int, object, np.ndarray]] = []
+        for b in range(k):
+            _match_ids(stored.by_id.get(b), given.by_id.get(b), at, edited, superseded,
+                       repeats)
+        if repeats:
+            _refuse_repeats(min(repeats, key=lambda r: r[0]), spec)
+        wanted_rows, wanted_digests = [np.zeros(0, np.int64)], [np.empty(0, "S32")]
+        if inline is not None:  # looked up as the input was read
+            wanted_rows += inline.rows
+            wanted_digests += inline.digests
+        else:
+            for b in range(k):
+                rows, digests = _match_digests(stored.by_digest.get(b),
+                                               given.by_digest.get(b), copy_of)
+                wanted_rows.append(rows)
+                wanted_digests.append(digests)
+        delta_of = scratch.array("delta_of", n, np.int64, -1)
+        delta, first = _delta(np.concatenate(wanted_rows), np.concatenate(wanted_digests),
+                              delta_of)
+        texts: list[str | None] = [None] * len(delta)  # split: read again by `compare`
+        if inline is not None:
+            texts = [inline.texts[d] for d in delta]
+        return cls(at, edited, copy_of, delta_of, superseded, delta, first, texts)
+
+
+def _match_ids(store: pa.Table, given: pa.Table, at: np.ndarray, edited: np.ndarray,
+               superseded: np.ndarray, repeats: list[tuple[int, object, np.ndarray]]) -> None:
+    """One bucket's ids: each input row's store row (the id's last), whether its text
+    changed; each store row's superseded flag; the bucket's first repeated input id."""
+    store_ids = store.column("id").combine_chunks()
+    store_rows = store.column("row").to_numpy()
+    ids, rows = given.column("id").combine_chunks(), given.column("row").to_numpy()
+    repeated = _first_repeat(ids, rows)
+    if repeated is not None:
+        repeats.append(repeated)
+    if len(store_ids) == 0:
+        return
+    superseded[store_rows] = ~last_of_each_id(store_ids)
+    local = current_rows(store_ids, ids)
+    hit = np.flatnonzero(local >= 0)
+    at[rows[hit]] = store_rows[local[hit]]
+    same = pc.equal(store.column("digest").take(pa.array(local[hit])),
+                    given.column("digest").take(pa.array(hit)))
+    edited[rows[hit[~_np(same)]]] = True
+
+
+def _first_repeat(ids: pa.Array, rows: np.ndarray) -> tuple[int, object, np.ndarray] | None:
+    """The id on more than one row whose first row comes first: (that row, id, its rows)."""
+    counts = pc.value_counts(ids)
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1)).field("values")
+    if len(repeated) == 0:
+        return None
+    on = np.flatnonzero(_np(pc.is_in(ids, value_set=repeated)))
+    first = on[np.argmin(rows[on])]
+    dup = ids[int(first)]
+    mine = np.sort(rows[_np(pc.equal(ids, dup))])
+    return int(mine[0]), dup.as_py(), mine
+
+
+def _refuse_repeats(repeat: tuple[int, object, np.ndarray], spec: InputSpec) -> None:
+    _, dup, rows = repeat
+    shown = ", ".join(str(r) for r in rows[:3]) + (" ..." if len(rows) > 3 else "")
+    raise InputError(f"input.id_column: id {dup!r} is on {len(rows)} rows of the input (rows "
+                     f"{shown}); an incremental run matches rows to the store by id, so ids "
+                     "must be unique")
+
+
+class _InlineDigests:
+    """The store's digests looked up as the input is read (one bucket): each input row's
+    first store row with its text, and the rows, digests and texts the store lacks."""
+
+    def __init__(self, store: pa.Table, copy_of: np.ndarray):
+        self.lookup = DigestLookup(store.column("digest").combine_chunks())
+        self.copy_of = copy_of
+        self.rows: list[np.ndarray] = []
+        self.digests: list[np.ndarray] = []
+        self.texts: dict[bytes, str | None] = {}  # the first text of each lacking digest
+
+    def add(self, start: int, digests: pa.Array, texts: Sequence[str | None]) -> None:
+        local = self.lookup.index_in(digests)  # one bucket: its rows are the store's
+        self.copy_of[start : start + len(local)] = local
+        lacking = np.flatnonzero(local < 0)
+        self.rows.append(lacking + start)
+        keys = _as_bytes(digests)[lacking]
+        self.digests.append(keys)
+        raw = keys.tobytes()
+        for j, i in enumerate(lacking.tolist()):
+            self.texts.setdefault(raw[32 * j : 32 * j + 32], texts[i])
+
+
+def _match_digests(store: pa.Table, given: pa.Table, copy_of: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """One bucket's digests: each input row's first store row with its text; the input
+    rows whose text the store lacks and their digests (as 32-byte strings)."""
+    lookup = DigestLookup(store.column("digest").combine_chunks())
+    digests = given.column("digest").combine_chunks()
+    rows = given.column("row").to_numpy()
+    local = lookup.index_in(digests)
+    store_rows = store.column("row").to_numpy()
+    hit = local >= 0
+    copy_of[rows[hit]] = store_rows[local[hit]]
+    return rows[~hit], _as_bytes(digests)[~hit]
+
+
+def _delta(rows: np.ndarray, digests: np.ndarray, delta_of: np.ndarray
+           ) -> tuple[list[bytes], np.ndarray]:
+    """The distinct digests of `rows` (input rows whose text the store lacks) in the order
+    of their first row, that row, and each row's place among them (into `delta_of`)."""
+    order = np.argsort(rows, kind="stable")
+    rows, digests = rows[order], digests[order]
+    distinct, first, inverse = np.unique(digests, return_index=True, return_inverse=True)
+    by_first = np.argsort(first, kind="stable")
+    rank = np.empty(len(by_first), np.int64)
+    rank[by_first] = np.arange(len(by_first))
+    delta_of[rows] = rank[inverse.reshape(-1)]
+    raw = np.ascontiguousarray(distinct[by_first]).tobytes()  # bytes(d) drops trailing NULs
+    return [raw[i : i + 32] for i in range(0, len(raw), 32)], rows[first[by_first]]
 
 
 @dataclass
@@ -176,10 +561,10 @@ class _Placement:
     """Where each row goes: the input row each store row keeps (-1: none), the store's
     rows the new version keeps, the input rows appended, and what the counts need."""
 
-    input_of: np.ndarray  # (rows,) int64
+    input_of: np.ndarray  # (store rows,) int64
     old_rows: np.ndarray  # store rows kept, ascending
     new_rows: np.ndarray  # input rows appended, in input order
-    edited: np.ndarray  # input rows whose id's stored text changed
+    edited: int  # input rows whose id's stored text changed
     appended_edits: bool
     found: int  # input ids the store holds
     gone: int  # store rows whose id left the input
@@ -187,74 +572,128 @@ class _Placement:
     dropped: int  # superseded rows dropped
 
 
-def _place(store: StoreRows, inputs: InputRows, prune: bool, append_edits: bool
+def _place(found: _Found, store_rows: int, prune: bool, append_edits: bool, scratch: Scratch
            ) -> _Placement:
-    """Match each input id to the store row holding it now, decide whether edits are
-    appended, and which store rows the new version keeps."""
-    at = current_rows(store.ids, inputs.ids)  # (N,) the store row holding the id now, or -1
-    found = np.flatnonzero(at >= 0)
-    edited = found[~_np(pc.equal(store.digests.take(pa.array(at[found])),
-                                 inputs.digests.take(pa.array(found))))]  # input rows
-    superseded = ~last_of_each_id(store.ids)  # by an edit an earlier update appended
+    """Decide whether edits are appended, and which store rows the new version keeps."""
+    at, n = found.at, len(found.at)
+    held = sum(int((at[step] >= 0).sum()) for step in steps(n))
+    edited = np.concatenate([np.flatnonzero(found.edited[step]) + step.start
+                             for step in steps(n)] or [np.zeros(0, np.int64)])
+    superseded = sum(int(found.superseded[step].sum()) for step in steps(store_rows))
     # edits are appended unless this update drops rows anyway (a prune, or superseded rows
     # past their share): rows then move from the first dropped one on, so edits are made in
     # place and every superseded row is dropped
     compact = prune or (append_edits and _compaction_due(
-        int(superseded.sum()) + len(edited), len(store) + len(at) - len(found) + len(edited)))
+        superseded + len(edited), store_rows + n - held + len(edited)))
     append = append_edits and not compact
-    edited_store = np.zeros(len(store), bool)
-    edited_store[at[edited]] = append
+    edited_store = np.sort(at[edited]) if append else np.zeros(0, np.int64)
     if append:  # the old row keeps its place (and its chunks), flagged; the edit follows
         at[edited] = -1
-    input_of = np.full(len(store), -1, np.int64)  # store row -> input row
-    input_of[at[at >= 0]] = np.flatnonzero(at >= 0)
-    stale = (input_of < 0) & (superseded | edited_store)
-    gone = (input_of < 0) & ~stale  # ids no longer in the input
-    kept = (input_of >= 0) | (gone & (not prune)) | (stale & (not compact))
-    return _Placement(input_of, np.flatnonzero(kept), np.flatnonzero(at < 0), edited, append,
-                      len(found), int(gone.sum()), int((stale & kept).sum()),
-                      int((stale & ~kept).sum()))
+    input_of = scratch.array("input_of", store_rows, np.int64, -1)  # store row -> input row
+    new_rows = scratch.array("new_rows", n, np.int64)
+    n_new = 0
+    for step in steps(n):
+        block = at[step]
+        sel = block >= 0
+        input_of[block[sel]] = np.flatnonzero(sel) + step.start
+        new = np.flatnonzero(~sel) + step.start
+        new_rows[n_new : n_new + len(new)] = new
+        n_new += len(new)
+    old_rows = scratch.array("old_rows", store_rows, np.int64)
+    kept_n = gone = kept_stale = dropped = 0
+    for step in steps(store_rows):
+        without = input_of[step] < 0
+        flagged = found.superseded[step].copy()
+        inside = edited_store[(edited_store >= step.start) & (edited_store < step.stop)]
+        flagged[inside - step.start] = True
+        stale = without & flagged
+        is_gone = without & ~stale
+        kept = ~without | (is_gone & (not prune)) | (stale & (not compact))
+        rows = np.flatnonzero(kept) + step.start
+        old_rows[kept_n : kept_n + len(rows)] = rows
+        kept_n += len(rows)
+        gone += int(is_gone.sum())
+        kept_stale += int((stale & kept).sum())
+        dropped += int((stale & ~kept).sum())
+    return _Placement(input_of, old_rows[:kept_n], new_rows[:n_new], len(edited), append,
+                      held, gone, kept_stale, dropped)
 
 
-def _plan(store: StoreRows, inputs: InputRows, copy_of: np.ndarray, delta: dict[bytes, int],
-          delta_texts: list[str | None], prune: bool, append_edits: bool) -> Changes:
-    """`copy_of`: (N,) each input row's first store row holding its text, or -1."""
-    place = _place(store, inputs, prune, append_edits)
-    input_of, old_rows, new_rows = place.input_of, place.old_rows, place.new_rows
-    delta_row = _indices(pc.index_in(inputs.digests,
-                                     value_set=pa.array(list(delta), DIGEST)))
-    input_row = np.concatenate([input_of[old_rows], new_rows])
-    store_row = np.concatenate([old_rows, np.full(len(new_rows), -1, np.int64)])
-    same = np.zeros(len(input_row), bool)
-    in_old = np.flatnonzero(store_row >= 0)
-    has_input = input_row[in_old] >= 0
-    matched = in_old[has_input]  # store rows whose id is in the input
-    same[matched] = _np(pc.equal(store.digests.take(pa.array(store_row[matched])),
-                                 inputs.digests.take(pa.array(input_row[matched]))))
-    same[in_old[~has_input]] = True  # a gone or superseded row keeps what it had
-    alone = store_row[in_old[~has_input]]  # ascending, as old_rows
-    # results: the row's own (unchanged or gone), an identical stored text, or the delta
-    from_store = same.copy()
-    source = np.where(same, store_row, -1)
-    need = np.flatnonzero(~same)
-    copies = copy_of[input_row[need]]
-    from_store[need] = copies >= 0
-    source[need] = np.where(copies >= 0, copies, delta_row[input_row[need]])
-    if (source < 0).any():  # every needed text is stored or in the delta, by construction
-        raise StoreError("internal: a row of the new version has no source")
-    was_present = np.zeros(len(store_row), bool)
-    was_present[in_old] = store.present[store_row[in_old]]
-    edits = len(place.edited)
+def _plan(found: _Found, stored: _Side, given: _Side, prune: bool, append_edits: bool,
+          scratch: Scratch) -> Changes:
+    place = _place(found, stored.rows, prune, append_edits, scratch)
+    n_old, n_new = len(place.old_rows), len(place.new_rows)
+    rows = n_old + n_new
+    input_row = scratch.array("input_row", rows, np.int64)
+    store_row = scratch.array("store_row", rows, np.int64, -1)
+    from_store = scratch.array("from_store", rows, bool)
+    source = scratch.array("source", rows, np.int64)
+    was_present = scratch.array("was_present", rows, bool)
+    present = stored.ordered.column("present")
+    for step in steps(n_old):
+        old = place.old_rows[step]
+        inputs = place.input_of[old]
+        store_row[step], input_row[step] = old, inputs
+        was_present[step] = _np(present.take(pa.array(old)))
+        # a gone or superseded row keeps what it had; a matched row, unless its text changed
+        # (an edit appended left its old row unmatched)
+        has = inputs >= 0
+        same = ~has
+        same[has] = ~found.edited[inputs[has]]
+        from_store[step], source[step] = _sources(found, inputs, same, old)
+    for step in steps(n_new):
+        at = slice(n_old + step.start, n_old + step.stop)
+        inputs = place.new_rows[step]
+        input_row[at] = inputs
+        from_store[at], source[at] = _sources(found, inputs, np.zeros(len(inputs), bool),
+                                              np.full(len(inputs), -1, np.int64))
+    edits = place.edited
     return Changes(
         from_store=from_store, source=source, input_row=input_row, store_row=store_row,
-        was_present=was_present, inputs=inputs, alone=alone,
-        alone_ids=store.ids.take(pa.array(alone)),
-        alone_digests=store.digests.take(pa.array(alone)),
-        delta_digests=list(delta), delta_texts=delta_texts,
-        added=len(new_rows) - (edits if place.appended_edits else 0), replaced=edits,
+        was_present=was_present, inputs=given.inputs(),
+        stored=stored.ordered.select(["id", "digest"]),
+        delta_digests=found.delta_digests, delta_rows=found.delta_rows,
+        delta_texts=found.delta_texts,
+        added=n_new - (edits if place.appended_edits else 0), replaced=edits,
         unchanged=place.found - edits, gone=place.gone, pruned=place.gone if prune else 0,
         superseded=place.superseded, dropped=place.dropped,
         appended_edits=place.appended_edits)
+
+
+def _sources(found: _Found, inputs: np.ndarray, same: np.ndarray, store_rows: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray]:
+    """Where rows take their results: their own store row (`same`), an identical stored
+    text, or the delta."""
+    from_store, source = same.copy(), np.where(same, store_rows, -1)
+    need = np.flatnonzero(~same)
+    copies = found.copy_of[inputs[need]]
+    from_store[need] = copies >= 0
+    source[need] = np.where(copies >= 0, copies, found.delta_of[inputs[need]])
+    if (source < 0).any():  # every needed text is stored or in the delta, by construction
+        raise StoreError("internal: a row of the new version has no source")
+    return from_store, source
+
+
+def _delta_texts(spec: InputSpec, parts: Sequence[Partition], changes: Changes,
+                 row_groups: RowGroupCache) -> list[str | None]:
+    """The texts to encode, read again from the partitions holding their first rows; a
+    text whose digest is no longer the compared one (its file written since) is refused."""
+    texts: list[str | None] = [None] * changes.encoded
+    rows = changes.delta_rows
+    order = np.argsort(rows, kind="stable")
+    for part in parts:
+        lo, hi = np.searchsorted(rows[order], [part.row_start, part.row_stop])
+        if lo == hi:
+            continue
+        read = read_partition(spec, part, row_groups)
+        for i in order[lo:hi]:
+            text = read.texts[int(rows[i]) - part.row_start]
+            if text_sha256_bytes([text])[0] != changes.delta_digests[i]:
+                raise UnreadableInputError(f"input.path: {part.file} changed while it was "
+                                           f"compared (row {int(rows[i])} holds another "
+                                           "text); rerun once nothing writes it")
+            texts[i] = text
+    return texts
 
 
 def _compaction_due(superseded: int, rows: int) -> bool:
@@ -291,45 +730,24 @@ def _as_bytes(digests: pa.Array) -> np.ndarray:
                          offset=digests.offset * 32)
 
 
-def _ids_like(ids: pa.Array, store_ids: pa.Array, spec: InputSpec) -> pa.Array:
-    """The input's ids in the store's id type (integers of any width compare as int64)."""
-    if ids.type == store_ids.type:
+def _ids_like(ids: pa.Array, store_type: pa.DataType | None, spec: InputSpec) -> pa.Array:
+    """The input's ids in the store's id type (integers of any width compare as int64);
+    against an empty store, integers as int64."""
+    if store_type is None:
+        return ids.cast(pa.int64()) if pa.types.is_integer(ids.type) else ids
+    if ids.type == store_type:
         return ids
-    same_kind = (pa.types.is_integer(ids.type) and pa.types.is_integer(store_ids.type)) or \
-        (pa.types.is_string(ids.type) and pa.types.is_string(store_ids.type))
-    if len(store_ids) and not same_kind:
+    same_kind = (pa.types.is_integer(ids.type) and pa.types.is_integer(store_type)) or \
+        (pa.types.is_string(ids.type) and pa.types.is_string(store_type))
+    if not same_kind:
         raise StoreError(f"input.id_column: the input's ids ({spec.id_column!r}) are "
-                         f"{ids.type}, the store's are {store_ids.type}; rows cannot be "
+                         f"{ids.type}, the store's are {store_type}; rows cannot be "
                          "matched: a full run (--overwrite) is needed")
     try:
-        return ids.cast(store_ids.type)
+        return ids.cast(store_type)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         raise StoreError(f"input.id_column: ids of type {ids.type} do not fit the store's "
-                         f"{store_ids.type}; a full run (--overwrite) is needed") from None
-
-
-def _check_unique(ids: pa.ChunkedArray, spec: InputSpec, parts: Sequence[Partition]) -> None:
-    counts = pc.value_counts(ids)
-    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
-    if len(repeated) == 0:
-        return
-    dup = repeated[0]["values"].as_py()
-    rows = np.flatnonzero(_np(pc.equal(ids, pa.scalar(dup, ids.type))))
-    shown = ", ".join(str(r) for r in rows[:3]) + (" ..." if len(rows) > 3 else "")
-    raise InputError(f"input.id_column: id {dup!r} is on {len(rows)} rows of the input (rows "
-                     f"{shown}); an incremental run matches rows to the store by id, so ids "
-                     "must be unique")
-
-
-def _concat(tables: list[pa.Table], n: int) -> pa.Table:
-    if not tables or tables[0].num_columns == 0:
-        return pa.table({"_": pa.nulls(n)}).drop_columns(["_"])
-    return pa.concat_tables(tables, promote_options="permissive")
-
-
-def _indices(found: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """index_in results as int64, -1 where not found."""
-    return np.asarray(pc.fill_null(found, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+                         f"{store_type}; a full run (--overwrite) is needed") from None
 
 
 def _np(mask: pa.Array | pa.ChunkedArray) -> np.ndarray:

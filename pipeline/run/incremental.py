@@ -96,21 +96,25 @@ def run_incremental(ctx: RunContext, executor: Executor | None, on_done: OnDone 
         store = open_store_data(path, dask=False)
         changes = compare(job.input, ctx.parts, StoreRows.of(store.docs, store.path), prune,
                           append_edits=store.fmt.appends_edits)
-        say(f"incremental: {changes.added} new, {changes.replaced} changed, "
-            f"{changes.unchanged} unchanged, {changes.gone} gone; {changes.encoded} texts "
-            f"to encode ({changes.copied} rows copy an identical text)"
-            + superseded_phrase(changes.superseded, changes.dropped))
-        staging, delta_job, parts, delta_fp = _stage_delta(ctx, store, changes,
-                                                           output.lock.fence())
-        # the runtime and dtype the store was made with: its versions never mix them
-        work = PartitionWork(with_choice(delta_job, current.runtime_choice), parts, staging,
-                             delta_fp,
-                             label="partitions of the texts to encode",
-                             describe=lambda p: f"partition {p.index} of the texts to encode",
-                             unchanged=f"; the store is unchanged (version {current.version})")
-        markers, _ = run_partitions(work, executor, output, summary, on_done, on_plan)
-        totals = MarkerTotals.of(markers)
-        provenance = _commit(ctx, store, changes, staging, parts, totals, output.took_over)
+        try:
+            say(f"incremental: {changes.added} new, {changes.replaced} changed, "
+                f"{changes.unchanged} unchanged, {changes.gone} gone; {changes.encoded} texts "
+                f"to encode ({changes.copied} rows copy an identical text)"
+                + superseded_phrase(changes.superseded, changes.dropped))
+            staging, delta_job, parts, delta_fp = _stage_delta(ctx, store, changes,
+                                                               output.lock.fence())
+            # the runtime and dtype the store was made with: its versions never mix them
+            work = PartitionWork(with_choice(delta_job, current.runtime_choice), parts, staging,
+                                 delta_fp,
+                                 label="partitions of the texts to encode",
+                                 describe=lambda p: f"partition {p.index} of the texts to encode",
+                                 unchanged=f"; the store is unchanged (version {current.version})")
+            markers, _ = run_partitions(work, executor, output, summary, on_done, on_plan)
+            totals = MarkerTotals.of(markers)
+            provenance = _commit(ctx, store, changes, staging, parts, totals,
+                                 output.took_over)
+        finally:
+            changes.close()
     return _summarised(summary, provenance, changes, ctx.started)
 
 
