@@ -13,7 +13,8 @@ PEER_VENV  := benchmarks/work/peer-venv
 PEER_MODEL := benchmarks/work/peer-model
 
 .PHONY: install model demo test test-fast lint schemas check-wheel peers bench bench-overlap bench-object-store bench-chunking bench-scaling bench-tokens bench-gpu \
-        bench-feed bench-incremental bench-scale bench-contention bench-read clean
+        bench-feed bench-incremental bench-scale bench-contention bench-read \
+        bench-compare clean
 
 install: $(VENV)/.installed
 
@@ -122,6 +123,12 @@ bench-feed: install model
 # group (pyarrow's and pandas' default layout); READ_ARGS="--rows 100000" for less.
 bench-read: install
 	$(PY) benchmarks/input_read.py $(READ_ARGS)
+
+# The incremental comparison's memory at 1M, 4M and 10M store rows, split into buckets on a
+# scratch disk past compare.BUCKET_ROWS and all in memory (about 6 minutes on 2 cores, 1 GB
+# of input written once to benchmarks/work; COMPARE_ARGS="--rows 1000000 4000000" for less).
+bench-compare: install
+	$(PY) benchmarks/compare_memory.py $(COMPARE_ARGS)
 
 clean:
 	rm -rf out benchmarks/work .pytest_cache

@@ -12,7 +12,8 @@ S distinct short texts and an input that grew by 1% and changed 0.1% of them:
 
 and prints, per case, the wall time, the peak resident memory and the peak anonymous
 memory (what the process holds that the OS cannot page out) above the process's memory
-before the comparison started, and that per row. The store side is made on the fly
+before the comparison started, that per row (of the store and the input together), and the
+scratch folder's size. The store side is made on the fly
 (ids and digests of texts computed per block) so that only the comparison's own memory
 is measured; the input is a real Parquet file (benchmarks/work/compare-memory-S.parquet).
 
@@ -107,8 +108,11 @@ def measure(rows: int, mode: str) -> dict[str, float]:
     done.set()
     assert changes.encoded == len(changed(rows)) + rows // 100, changes.encoded
     buckets = compare.bucket_count(rows + sum(p.n_rows for p in parts))
+    scratch = changes.scratch
+    disk = sum(f.stat().st_size for f in scratch.path(".").iterdir()) \
+        if scratch is not None and scratch.on_disk else 0
     changes.close()
-    return {"rows": rows, "buckets": buckets, "wall_s": wall,
+    return {"rows": rows, "buckets": buckets, "wall_s": wall, "disk_mb": disk / 2**20,
             "rss_mb": (peak["rss"] - before["rss"]) / 2**20,
             "anon_mb": (peak["anon"] - before["anon"]) / 2**20}
 
@@ -144,7 +148,8 @@ def main() -> None:
             print(f"  {mode:5s} store {rows:>10,} rows, input {rows + rows // 100:>10,}: "
                   f"{r['buckets']:2d} bucket(s)  wall {r['wall_s']:6.1f} s  peak RSS "
                   f"+{r['rss_mb']:6.0f} MB  peak anonymous +{r['anon_mb']:6.0f} MB "
-                  f"({r['anon_mb'] * 2**20 / (2 * rows):5.0f} bytes a row)", flush=True)
+                  f"({r['anon_mb'] * 2**20 / (2 * rows):5.0f} bytes a row); scratch disk "
+                  f"{r['disk_mb']:6.0f} MB", flush=True)
 
 
 if __name__ == "__main__":

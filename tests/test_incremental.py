@@ -1156,7 +1156,8 @@ def test_rows_of_a_stored_array_by_range_or_row_by_row(near: int, runs: int, laz
     array = xr.DataArray(data, dims=("doc", "dim"))
     rng = np.random.default_rng(0)
     for rows in (rng.integers(0, 3000, 50), np.arange(100, 400), np.array([7, 7, 2999, 0]),
-                 np.r_[np.arange(2000, 2300), np.arange(10, 40)], np.array([], np.int64)):
+                 np.r_[np.arange(2000, 2300), np.arange(10, 40)], np.array([], np.int64),
+                 np.sort(rng.integers(0, 3000, 80)), np.array([3, 3, 3, 900, 900, 2999])):
         np.testing.assert_array_equal(assemble.rows_of(array, rows), values[rows])
 
 
