@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zarr
 from click.testing import CliRunner
 
 import pipeline
@@ -79,6 +80,7 @@ def test_sizes_and_sums_of_every_key_at_once_equal_those_recorded_at_write(
     size and sum the commit recorded from the bytes it wrote, and an absent key is None
     (not the 0 Icechunk gives for an unwritten chunk), as when asked one at a time."""
     monkeypatch.setattr(icechunk_store, "ICECHUNK_ROWS_PER_CHUNK", 4)  # many chunk keys
+    monkeypatch.setattr(icechunk_store, "ICECHUNK_FLAT_FACTOR", 1)  # one grid for all
     job = _job(tmp_path, tiny_bert, _input(tmp_path / "in.parquet", _texts(40)))
     run_job(job)
     fmt = detect_format(job.output.path)
@@ -100,6 +102,7 @@ def test_an_open_checks_each_array_by_its_total_and_names_a_damaged_chunk(
     not per key); a chunk deleted or rewritten with other bytes by another writer, through
     Icechunk itself, changes its array's total, and the open refuses, naming that chunk."""
     monkeypatch.setattr(icechunk_store, "ICECHUNK_ROWS_PER_CHUNK", 4)  # many chunk keys
+    monkeypatch.setattr(icechunk_store, "ICECHUNK_FLAT_FACTOR", 1)  # one grid for all
     job = _job(tmp_path, tiny_bert, _input(tmp_path / "in.parquet", _texts(40)))
     run_job(job)
     fmt = detect_format(job.output.path)
@@ -200,6 +203,7 @@ def test_an_update_writes_only_the_chunks_that_changed(
     from tests.test_incremental import assert_same_rows
 
     monkeypatch.setattr(icechunk_store, "ICECHUNK_ROWS_PER_CHUNK", 16)
+    monkeypatch.setattr(icechunk_store, "ICECHUNK_FLAT_FACTOR", 1)  # one grid for all
     texts = _texts(164, chars=120)
     source = _input(tmp_path / "in.parquet", texts[:160])
     job = _job(tmp_path, tiny_bert, source, carry=("label",), incremental=True)
@@ -248,6 +252,7 @@ def test_rows_that_move_onto_their_own_text_get_their_own_ids(
     from tests.test_incremental import assert_same_rows
 
     monkeypatch.setattr(icechunk_store, "ICECHUNK_ROWS_PER_CHUNK", 4)
+    monkeypatch.setattr(icechunk_store, "ICECHUNK_FLAT_FACTOR", 1)  # one grid for all
     texts = _texts(8, chars=60)
     source = _input(tmp_path / "in.parquet", texts)
     job = _job(tmp_path, tiny_bert, source, incremental=True)
@@ -277,6 +282,7 @@ def test_an_update_reads_only_the_chunks_it_may_change(
     from pipeline.run import assemble
 
     monkeypatch.setattr(icechunk_store, "ICECHUNK_ROWS_PER_CHUNK", 8)
+    monkeypatch.setattr(icechunk_store, "ICECHUNK_FLAT_FACTOR", 1)  # one grid for all
     texts = _texts(100, chars=120)
     source = _input(tmp_path / "in.parquet", texts[:96])
     job = _job(tmp_path, tiny_bert, source, incremental=True)
@@ -626,16 +632,26 @@ def _assert_same_arrays(got: dict[str, np.ndarray], want: dict[str, np.ndarray],
             assert a.astype(object).tolist() == b.astype(object).tolist(), (step, name)
 
 
+def _grid(path: str) -> dict[str, int]:
+    """Rows per chunk of each array of a store's levels."""
+    root = zarr.open_group(detect_format(path)._session().store, mode="r")
+    return {f"{level}/{name}": array.chunks[0] for level in ("docs", "chunks")
+            if level in root for name, array in root[level].arrays()}
+
+
 def _updates_equal_comparing_every_column(
         tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch,
-        steps: list[tuple[pa.Table, bool]]) -> list[Any]:
+        steps: list[tuple[pa.Table, bool]], flat: tuple[int, int] = (1, 1)) -> list[Any]:
     """steps[0]: the full run's input; each later (input, prune): an update. Two stores take
     the same runs, one with the writer comparing every column (nothing left as known): after
     each update they are equal array by array, every row, and the first verifies; after the
-    last it equals a run from scratch by id."""
+    last it equals a run from scratch by id. Vectors in chunks of 4 rows, flat arrays of
+    4 x flat[0] made by the full run, flat[1] the factor the updates run with (a store
+    made before keeps its grid)."""
     from tests.test_incremental import assert_same_rows
 
     monkeypatch.setattr(icechunk_store, "ICECHUNK_ROWS_PER_CHUNK", 4)
+    monkeypatch.setattr(icechunk_store, "ICECHUNK_FLAT_FACTOR", flat[0])
     jobs = {}
     for variant in ("leaves", "compares"):
         source = tmp_path / f"{variant}.parquet"
@@ -643,6 +659,9 @@ def _updates_equal_comparing_every_column(
         jobs[variant] = _job(tmp_path, model, source, name=variant, carry=("label",),
                              incremental=True)
         run_job(jobs[variant])
+    grid = _grid(jobs["leaves"].output.path)
+    assert grid["docs/mean"] == 4 and grid["docs/id"] == grid["chunks/seq"] == 4 * flat[0]
+    monkeypatch.setattr(icechunk_store, "ICECHUNK_FLAT_FACTOR", flat[1])
     summaries = []
     for step, (table, prune) in enumerate(steps[1:], 1):
         for variant, job in jobs.items():
@@ -657,6 +676,8 @@ def _updates_equal_comparing_every_column(
         _assert_same_arrays(_arrays(jobs["leaves"].output.path),
                             _arrays(jobs["compares"].output.path), step)
         assert verify_store(jobs["leaves"].output.path) == [], step
+        grown = _grid(jobs["leaves"].output.path)  # the same grid (new arrays: the new one)
+        assert all(grown[name] in (grid.get(name), 4 * flat[1]) for name in grown), grown
     scratch = _job(tmp_path, model, Path(jobs["leaves"].input.path), name="scratch",
                    carry=("label",))
     run_job(scratch)
@@ -685,11 +706,16 @@ def test_gone_ids_that_come_back_keep_their_flags_right(
 
 
 @pytest.mark.slow  # several runs each: in make test, not make test-fast
+@pytest.mark.parametrize("flat", [(1, 1), (3, 3), (1, 3)],
+                         ids=["one-grid", "flat-3x", "store-before-flat"])
 def test_chains_of_edits_then_compaction_and_a_wider_status(
-        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch,
+        flat: tuple[int, int]) -> None:
     """r5 edited three times (a chain of superseded rows), three edits at once past the
     superseded share (compaction: rows dropped and moved), an empty text appended (a status
-    wider than the stored one), then pruned (narrower again)."""
+    wider than the stored one), then pruned (narrower again); flat arrays on the vectors'
+    grid, on one 3x as long (12 rows: a block of the writer holds 3 vector chunks), and a
+    store made on the first updated with the second."""
     texts, ids = _texts(20, chars=60), [f"r{i}" for i in range(20)]
     steps, now = [(_table(ids, texts), False)], list(texts)
     for k in range(3):
@@ -702,5 +728,6 @@ def test_chains_of_edits_then_compaction_and_a_wider_status(
     steps.append((_table(ids, now), False))
     steps.append((_table([*ids, "e"], [*now, "  "]), False))
     steps.append((_table(ids, now), True))
-    summaries = _updates_equal_comparing_every_column(tmp_path, tiny_bert, monkeypatch, steps)
+    summaries = _updates_equal_comparing_every_column(tmp_path, tiny_bert, monkeypatch, steps,
+                                                      flat)
     assert any(s.dropped for s in summaries)

@@ -14,9 +14,10 @@ where it was. An update (a new version) writes into the current arrays only the 
 whose values changed, appends the new rows, and commits; earlier versions stay readable
 (`open_store(path, version=k)`) until `bertpipe gc` expires them.
 
-Arrays have a fixed number of rows per chunk (`ROWS_PER_CHUNK`, not grown with the store
-as in the plain Zarr format), so a store that grows keeps its chunk grid and an update
-rewrites only the chunks holding changed rows. Checksums are kept as in the Zarr format
+Arrays have a fixed number of rows per chunk (`ICECHUNK_ROWS_PER_CHUNK` for vectors, a
+multiple of it for flat arrays; not grown with the store as in the plain Zarr format), so a
+store that grows keeps its chunk grid and an update rewrites only the chunks holding
+changed rows. Checksums are kept as in the Zarr format
 (Icechunk records no checksum of its own chunks): the SHA-256 of every chunk as stored,
 by Zarr key; a commit hashes the chunks it writes and keeps the recorded sums of the rest.
 """
@@ -73,6 +74,13 @@ BRANCH = "main"
 # before compression, still a sensible object-store request; readers see blocks of
 # ROWS_PER_CHUNK rows (zarr_store._lazy), not one task per chunk.
 ICECHUNK_ROWS_PER_CHUNK = 256
+# A flat array (ids, digests, counts, flags, carried values: one value a row) has this many
+# times as many rows per chunk: at 256 rows its chunks are 256 bytes to 16 KB, and reading
+# one costs zarr about 0.3 ms whatever its size (1.1-1.3 s to read one such array whole at a
+# million rows: 3,907 chunks; an update reads seven). Its chunks are small whatever edits
+# rewrite: a million rows of `present` compress to kilobytes. Stores made with flat arrays
+# of 256 rows a chunk keep them (the factor divides every writer's block).
+ICECHUNK_FLAT_FACTOR = 32
 VERSION_KEY = "bertpipe_version"  # in each commit's metadata: the store version it holds
 COMPLETE_KEY = "bertpipe_complete"
 REPOSITORY = "repo"  # the repository's folder inside the store
@@ -487,14 +495,15 @@ class _LevelUpdater:
                 continue  # no fixed width: compared as it comes
             self.arrays[name] = _array_for(self.group, name, sample, self.n,
                                            LEVEL_DIMS[self.level], self.columns)
-            if not self.arrays[name][1]:
-                self.left[name] = _whole_chunks(same[name])
+            array, fresh = self.arrays[name]
+            if not fresh:
+                self.left[name] = _whole_chunks(same[name], array.chunks[0])
         return dict(self.left)
 
     def add(self, table: pa.Table) -> None:
         self.pending.append(self.columns.conform(table))
         self.held += table.num_rows
-        rows = ICECHUNK_ROWS_PER_CHUNK
+        rows = _block_rows()
         if self.held < rows:
             return
         block = pa.concat_tables(self.pending)
@@ -532,9 +541,18 @@ class _LevelUpdater:
         self.written = True
 
 
-def _whole_chunks(kept: np.ndarray) -> np.ndarray:
-    """`kept` where a chunk of rows holds only kept rows, False elsewhere."""
-    rows = ICECHUNK_ROWS_PER_CHUNK
+def _block_rows() -> int:
+    """Rows a level's writer holds before it writes: a multiple of every array's chunk."""
+    return ICECHUNK_ROWS_PER_CHUNK * ICECHUNK_FLAT_FACTOR
+
+
+def chunk_rows(sample: np.ndarray) -> int:
+    """Rows per chunk of a new array holding values like `sample`'s."""
+    return ICECHUNK_ROWS_PER_CHUNK * (ICECHUNK_FLAT_FACTOR if sample.ndim == 1 else 1)
+
+
+def _whole_chunks(kept: np.ndarray, rows: int) -> np.ndarray:
+    """`kept` where a chunk of `rows` rows holds only kept rows, False elsewhere."""
     starts = np.arange(0, len(kept), rows)
     if not len(starts):
         return np.zeros(0, bool)
@@ -553,12 +571,12 @@ def _array_for(group: Any, name: str, sample: np.ndarray, n: int, dim: str,
         same = (array.dtype == sample.dtype or wider or (sample.dtype.kind in "OT"
                                                          and array.dtype.kind in "OT")) \
             and array.shape[1:] == sample.shape[1:] \
-            and array.chunks[0] == ICECHUNK_ROWS_PER_CHUNK
+            and _block_rows() % array.chunks[0] == 0
         if same:
             if array.shape[0] != n:
                 array.resize((n, *array.shape[1:]))
             return array, False
-    array = create_array(group, name, sample, n, dim, ICECHUNK_ROWS_PER_CHUNK)
+    array = create_array(group, name, sample, n, dim, chunk_rows(sample))
     if attributes := columns.zarr_attributes(name):
         array.update_attributes(attributes)
     return array, True
@@ -572,7 +590,7 @@ def _write_changed(array: Any, offset: int, values: np.ndarray,
     moved or changed (written). Any other column is compared with what is stored. Chunks
     are read, then written, each set in one call into zarr's loop, concurrently (one call
     per chunk cost 1.3 ms each in hand-offs: 17 of an update's 43 seconds at 100k rows)."""
-    rows = ICECHUNK_ROWS_PER_CHUNK
+    rows = array.chunks[0]
     starts = range(0, len(values), rows)
 
     async def held(start: int) -> np.ndarray | None:
