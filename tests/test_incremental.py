@@ -918,7 +918,8 @@ def test_carried_columns_with_nulls_and_documents_only(fmt: str, split: bool, tm
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """Carried values come from the input for every present row and from the store for a
     kept gone row, nulls included; a store of documents only updates too; the same with
-    the comparison split into buckets of 5 rows over partitions of 4."""
+    the comparison split into buckets of 5 rows over partitions of 4. (The tags are carried
+    as `digest`: a carried column may have the name of one the comparison uses.)"""
     from pipeline.run import compare
 
     if split:
@@ -928,9 +929,9 @@ def test_carried_columns_with_nulls_and_documents_only(fmt: str, split: bool, tm
     scores = [None if i % 5 == 0 else i for i in ids]
     tags = [None if i % 4 == 1 else f"t{i}" for i in ids]
     source = tmp_path / "in.parquet"
-    pq.write_table(pa.table({"id": ids, "text": texts, "score": scores, "tag": tags}), source)
+    pq.write_table(pa.table({"id": ids, "text": texts, "score": scores, "digest": tags}), source)
     job = _job(tiny_bert, source, tmp_path / f"carry.{fmt}", fmt,
-               input={"carry_columns": ["score", "tag"]},
+               input={"carry_columns": ["score", "digest"]},
                output={"path": str(tmp_path / f"carry.{fmt}"), "format": fmt,
                        "levels": ["docs"]},
                execution={"scheduler": "synchronous", "partition_rows": 4 if split else 64})
@@ -940,7 +941,7 @@ def test_carried_columns_with_nulls_and_documents_only(fmt: str, split: bool, tm
     new_scores = [scores[i] if i != 3 else 33 for i in keep] + [None, 13]
     new_tags = [tags[i] for i in keep] + ["t12", None]
     pq.write_table(pa.table({"id": new_ids, "text": [texts[i] for i in keep] + ["great", "bad"],
-                             "score": pa.array(new_scores, pa.int32()), "tag": new_tags}),
+                             "score": pa.array(new_scores, pa.int32()), "digest": new_tags}),
                    source)
     summary = run_job(job, incremental=True)
     assert (summary.encoded, summary.added, summary.gone) == (2, 2, 2)
@@ -954,21 +955,21 @@ def test_carried_columns_with_nulls_and_documents_only(fmt: str, split: bool, tm
     got_scores = np.asarray(store.docs["score"].values, dtype=np.float64)
     for key, value in zip(got_ids, got_scores, strict=True):
         assert (np.isnan(value) if want_scores[key] is None else value == want_scores[key]), key
-    assert np.asarray(store.docs["tag"].values).tolist() == [want_tags[k] for k in got_ids]
+    assert np.asarray(store.docs["digest"].values).tolist() == [want_tags[k] for k in got_ids]
     assert np.asarray(store.docs["present"].values).tolist() == [k not in (5, 9)
                                                                  for k in got_ids]
     # id 5 comes back with its old text: unflagged, nothing encoded
     back = pa.table({"id": [*new_ids, 5], "text": [*[texts[i] for i in keep], "great", "bad",
                                                   texts[5]],
                      "score": pa.array([*new_scores, 50], pa.int32()),
-                     "tag": [*new_tags, "back"]})
+                     "digest": [*new_tags, "back"]})
     pq.write_table(back, source)
     returned = run_job(job, incremental=True)
     assert (returned.encoded, returned.added, returned.unchanged, returned.gone) == \
         (0, 0, len(new_ids) + 1, 1)
     store = pipeline.open_store(job.output.path)
     assert np.asarray(store.docs["present"].values).tolist() == [k != 9 for k in got_ids]
-    assert np.asarray(store.docs["tag"].values)[5] == "back"
+    assert np.asarray(store.docs["digest"].values)[5] == "back"
 
 
 # --- integrity, machine-readable output, token views -----------------------------------
@@ -1237,6 +1238,83 @@ def _plan_night(store: _Toy, table: dict[int, str], prune: bool, append_edits: b
 
     return plan(StoreRows.of_arrays(store.ids, store.digests, store.present), batches,
                 len(ids), prune, append_edits, InputSpec("in.parquet", "text", "id"))
+
+
+def test_rows_taken_from_a_chunked_column_as_from_one_array() -> None:
+    """`take_rows` against a plain take of the joined column: rows in any order, repeated,
+    none; chunks of any length, empty ones included."""
+    from pipeline.run.compare import take_rows
+
+    rng = np.random.default_rng(5)
+    values = [f"v{i}" for i in range(50)]
+    column = pa.chunked_array([values[:7], [], values[7:8], values[8:40], values[40:]])
+    for rows in (rng.integers(0, 50, 200), np.arange(50)[::-1], np.array([3, 3, 49, 0]),
+                 np.array([], np.int64)):
+        assert take_rows(column, rows).to_pylist() == [values[r] for r in rows]
+
+
+def test_a_text_on_many_rows_goes_to_its_digest_bucket_once_a_batch(tmp_path: Path) -> None:
+    """Split into buckets, a batch's rows all go to the id buckets but only the first row
+    of each distinct text to the digest buckets (an empty text on most rows would make one
+    bucket of them all); every row learns where its text first is in its batch."""
+    from pipeline.extract.texthash import text_sha256_bytes
+    from pipeline.run import compare
+
+    scratch = compare.Scratch(on_disk=True)
+    keyed, by_id, by_digest = compare._buckets(scratch, "input", 4, pa.int64())
+    first_of = np.full(40, -1, np.int64)
+    texts = ["" if i % 4 else f"text {i}" for i in range(40)]
+    for start in range(0, 40, 10):
+        compare._add(by_id, by_digest, keyed, start, pa.array(range(start, start + 10)),
+                     pa.array(text_sha256_bytes(texts[start : start + 10]), compare.DIGEST),
+                     first_of)
+    by_ids = sorted(r for b in range(4) for r in by_id.get(b).column("row").to_pylist())
+    by_digests = sorted(r for b in range(4) for r in by_digest.get(b).column("row").to_pylist())
+    assert by_ids == list(range(40))
+    firsts = [start + next(i for i in range(10) if texts[start + i] == "")
+              for start in range(0, 40, 10)]
+    assert by_digests == sorted([i for i in range(40) if texts[i]] + firsts)
+    assert first_of.tolist() == [i if texts[i] else firsts[i // 10] for i in range(40)]
+    scratch.close()
+
+
+def test_texts_changed_between_the_comparisons_two_reads_are_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Split into buckets, the texts to encode are read again: a text that is no longer
+    the one compared fails the run, naming the file and row, and the scratch folder is
+    removed."""
+    from pipeline.errors import UnreadableInputError
+    from pipeline.extract.source import plan_partitions
+    from pipeline.extract.texthash import text_sha256_bytes
+    from pipeline.run import compare
+    from pipeline.spec import InputSpec
+
+    monkeypatch.setattr(compare, "BUCKET_ROWS", 8)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    texts = [f"text {i}" for i in range(20)]
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": list(range(20)), "text": texts}), source)
+    spec = InputSpec(str(source), "text", "id")
+    store = compare.StoreRows.of_arrays(
+        pa.array(range(10), pa.int64()),
+        pa.array(text_sha256_bytes(texts[:10]), compare.DIGEST), np.ones(10, bool))
+    reads = []
+    read_partition = compare.read_partition
+
+    def second_read_differs(spec: Any, part: Any, cache: Any = None) -> Any:
+        rows = read_partition(spec, part, cache)
+        reads.append(part.index)
+        if len(reads) > 3:  # the partitions of the second read
+            rows.texts = [f"{t} rewritten" for t in rows.texts]
+        return rows
+
+    monkeypatch.setattr(compare, "read_partition", second_read_differs)
+    with pytest.raises(UnreadableInputError, match=r"in.parquet changed while it was "
+                       r"compared \(row 10 holds another text\)"):
+        compare.compare(spec, plan_partitions(spec, 8), store, prune=False)
+    assert list(temp.iterdir()) == []
 
 
 def _night(store: _Toy, table: dict[int, str], prune: bool, append_edits: bool

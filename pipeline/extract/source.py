@@ -190,8 +190,8 @@ def id_hashes(ids: pa.Array) -> np.ndarray:
     """One uint64 per id; equal ids hash alike across files (integers of any width)."""
     from pandas.util import hash_array
 
-    if pa.types.is_integer(ids.type):
-        values = ids.cast(pa.int64()).to_numpy(zero_copy_only=False)
+    if pa.types.is_integer(ids.type):  # unsigned past 2**63: the same bits, wrapped
+        values = ids.cast(pa.int64(), safe=False).to_numpy(zero_copy_only=False)
     else:
         values = np.asarray(ids.to_numpy(zero_copy_only=False), dtype=object)
     hashed = hash_array(values)

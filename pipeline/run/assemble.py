@@ -24,7 +24,7 @@ from ..stores import Layout, Staging
 from ..stores.base import StreamedVersion, Unwritten
 from ..stores.columns import StoredColumns, string_width, vector_array
 from ..stores.parquet_store import file_dataset
-from .compare import Changes, to_hex
+from .compare import Changes, take_rows, to_hex
 
 BLOCK_ROWS = 32768  # rows per staged part of the new version (a Parquet row group)
 # gathered from the source row (a row's n_chunks is `Assembly.counts`)
@@ -245,12 +245,12 @@ def _docs_block(a: Assembly, rows: np.ndarray, with_views: bool = True,
     input_row, store_row = c.input_row[rows], c.store_row[rows]
     has_input = input_row >= 0
     gone_rows = store_row[~has_input]
-    take = pa.array(input_row[has_input])
+    take = input_row[has_input]
     columns: dict[str, pa.Array] = {"row": pa.array(rows.astype(np.int64))}
     # a kept row's id and digest as the comparison read them (gone and superseded rows lie
     # all over the store: reading them again cost a chunk each)
     kept_ids, kept_digests = c.stored_at(gone_rows) if len(gone_rows) else (None, None)
-    columns["id"] = _combine(has_input, c.inputs.ids.take(take), kept_ids)
+    columns["id"] = _combine(has_input, take_rows(c.inputs.ids, take), kept_ids)
     fields = {name: _gather(a, "docs", name, from_store, source, unread.of(name, len(rows)))
               for name in DOC_FIELDS}
     columns["n_tokens"] = pa.array(fields["n_tokens"].astype(np.int64))
@@ -258,11 +258,11 @@ def _docs_block(a: Assembly, rows: np.ndarray, with_views: bool = True,
     columns["truncated"] = pa.array(fields["truncated"].astype(bool))
     columns["status"] = pa.array(list(fields["status"]), pa.string())
     for name in a.job.input.carry_columns:
-        columns[name] = _combine(has_input, c.inputs.carry.column(name).take(take),
+        columns[name] = _combine(has_input, take_rows(c.inputs.carry.column(name), take),
                                  _stored(a.store.docs, name, gone_rows))
     for name in ("n_unk", "n_words", "n_fragmented"):  # vocabulary fit, as a full run
         columns[name] = pa.array(fields[name].astype(np.int64))
-    columns["text_sha256"] = _combine(has_input, to_hex(c.inputs.digests.take(take)),
+    columns["text_sha256"] = _combine(has_input, to_hex(take_rows(c.inputs.digests, take)),
                                       to_hex(kept_digests) if kept_digests is not None
                                       else None)
     columns["present"] = pa.array(has_input)

@@ -38,6 +38,8 @@ from ..spec import InputSpec
 from ..stores.opened import current_rows, last_of_each_id
 
 DIGEST = pa.binary(32)  # a text's SHA-256 while comparing (stored as hex)
+CARRIED = "carried:"  # a carried column's name beside the input's ids and digests (any
+# name may be carried, `id` and `digest` too)
 READ_ROWS = 65536  # the store's digests are read and converted this many at a time
 # store and input rows compared in memory at once (ids, digests, rows and the hash tables
 # over them: about 200 bytes a row); more are split into buckets on a scratch disk
@@ -156,9 +158,8 @@ class Changes:
 
     def stored_at(self, store_rows: np.ndarray) -> tuple[pa.Array, pa.Array]:
         """Ids and digests of store rows, as the comparison read them."""
-        at = pa.array(np.asarray(store_rows, np.int64))
-        return (self.stored.column("id").take(at).combine_chunks(),
-                self.stored.column("digest").take(at).combine_chunks())
+        return (take_rows(self.stored.column("id"), store_rows),
+                take_rows(self.stored.column("digest"), store_rows))
 
     @property
     def encoded(self) -> int:
@@ -177,6 +178,7 @@ class Scratch:
     def __init__(self, on_disk: bool):
         self._folder = tempfile.TemporaryDirectory(prefix="bertpipe-compare-") \
             if on_disk else None
+        self.buckets: list[Buckets] = []  # their files are written here
 
     @property
     def on_disk(self) -> bool:
@@ -229,8 +231,28 @@ class Scratch:
         return files
 
     def close(self) -> None:
+        for buckets in self.buckets:
+            buckets.close()
         if self._folder is not None:
             self._folder.cleanup()
+
+
+def take_rows(column: pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
+    """`column[rows]` as one array, each row taken from the chunk holding it (a chunked
+    array's own `take` joins every chunk first: a copy of the whole column per call)."""
+    rows = np.asarray(rows, np.int64)
+    lengths = np.array([len(chunk) for chunk in column.chunks], np.int64)
+    starts = np.cumsum(lengths) - lengths
+    which = np.searchsorted(starts, rows, side="right") - 1
+    order = np.argsort(which, kind="stable")
+    bounds = np.searchsorted(which[order], np.arange(len(lengths) + 1))
+    pieces = [column.chunk(c).take(pa.array(rows[order[bounds[c] : bounds[c + 1]]] - starts[c]))
+              for c in range(len(lengths)) if bounds[c + 1] > bounds[c]]
+    if not pieces:
+        return pa.array([], column.type)
+    back = np.empty(len(rows), np.int64)
+    back[order] = np.arange(len(rows))
+    return pa.concat_arrays(pieces).take(pa.array(back))
 
 
 def steps(n: int) -> Iterator[slice]:
@@ -244,6 +266,7 @@ class Buckets:
     they were added (ascending)."""
 
     def __init__(self, scratch: Scratch, name: str, k: int, schema: pa.Schema):
+        scratch.buckets.append(self)
         self.k, self.schema = k, schema
         self.held: list[list[pa.RecordBatch]] = [[] for _ in range(k)]
         self.files = [scratch.path(f"{name}-{b}.arrow") for b in range(k)] \
@@ -270,10 +293,14 @@ class Buckets:
             self.writers[b] = pa.ipc.new_stream(str(self.files[b]), self.schema)
         self.writers[b].write_batch(batch)
 
-    def get(self, b: int) -> pa.Table:
+    def close(self) -> None:
+        """Every file written (nothing more is added)."""
         for writer in self.writers.values():
             writer.close()
         self.writers = {}
+
+    def get(self, b: int) -> pa.Table:
+        self.close()
         if not self.files:
             return pa.Table.from_batches(self.held[b], self.schema)
         if not self.files[b].exists():
@@ -304,7 +331,11 @@ def compare(spec: InputSpec, parts: Sequence[Partition], store: StoreRows,
 
     changes = plan(store, batches, sum(p.n_rows for p in parts), prune, append_edits, spec)
     if changes.scratch is not None and changes.scratch.on_disk:  # texts not kept on the way
-        changes.delta_texts = _delta_texts(spec, parts, changes, row_groups)
+        try:
+            changes.delta_texts = _delta_texts(spec, parts, changes, row_groups)
+        except BaseException:
+            changes.close()
+            raise
     return changes
 
 
@@ -320,8 +351,12 @@ def plan(store: StoreRows, batches: Callable[[pa.DataType | None], Iterable[Inpu
         stored = _Side.of_store(store, scratch, k)
         copy_of = scratch.array("copy_of", n_input, np.int64, -1)
         inline = _InlineDigests(stored.by_digest.get(0), copy_of) if k == 1 else None
-        given = _Side.of_input(batches(stored.id_type), scratch, k, n_input, inline)
-        found = _Found.of(stored, given, scratch, k, spec, copy_of, inline)
+        # split: each input row's first row of its text in its partition (only those go
+        # to the digest buckets: a text on many rows, an empty one, is one row a batch)
+        first_of = scratch.array("first_of", n_input, np.int64) if k > 1 else None
+        given = _Side.of_input(batches(stored.id_type), scratch, k, n_input, inline,
+                               stored.id_type, first_of)
+        found = _Found.of(stored, given, scratch, k, spec, copy_of, inline, first_of)
         changes = _plan(found, stored, given, prune, append_edits, scratch)
     except BaseException:
         scratch.close()
@@ -354,12 +389,15 @@ class _Side:
                 _add(by_id, by_digest, keyed, start, ids, digests)
                 yield pa.record_batch([ids, digests, pa.array(present)], schema=schema)
 
-        return cls(len(store), scratch.table("store", ordered(), schema), by_id, by_digest,
-                   id_type)
+        table = scratch.table("store", ordered(), schema)
+        by_id.close()
+        by_digest.close()
+        return cls(len(store), table, by_id, by_digest, id_type)
 
     @classmethod
     def of_input(cls, batches: Iterable[InputBatch], scratch: Scratch, k: int,
-                 n_input: int, inline: _InlineDigests | None) -> _Side:
+                 n_input: int, inline: _InlineDigests | None, id_type: pa.DataType | None,
+                 first_of: np.ndarray | None) -> _Side:
         buckets: list[tuple[pa.Schema, Buckets, Buckets]] = []
         read = [0]
 
@@ -370,23 +408,26 @@ class _Side:
                     inline.add(start, digests, texts)
                 if not buckets:
                     buckets.append(_buckets(scratch, "input", k, ids.type))
-                _add(buckets[0][1], buckets[0][2], buckets[0][0], start, ids, digests)
+                _add(buckets[0][1], buckets[0][2], buckets[0][0], start, ids, digests,
+                     first_of)
                 read[0] += len(ids)
                 yield pa.record_batch({"id": ids, "digest": digests, **{
-                    name: carry.column(name).combine_chunks() for name in carry.column_names}})
+                    CARRIED + name: carry.column(name).combine_chunks()
+                    for name in carry.column_names}})
 
         table = scratch.table("input", ordered(),
-                              pa.schema([("id", pa.int64()), ("digest", DIGEST)]))
+                              pa.schema([("id", id_type or pa.int64()), ("digest", DIGEST)]))
         if read[0] != n_input:
             raise StoreError(f"internal: {read[0]} input rows read, {n_input} planned")
         _, by_id, by_digest = buckets[0] if buckets else _buckets(scratch, "input", k,
-                                                                  pa.int64())
+                                                                  id_type or pa.int64())
         return cls(n_input, table, by_id, by_digest, None)
 
     def inputs(self) -> InputRows:
-        carry = [n for n in self.ordered.column_names if n not in ("id", "digest")]
+        carry = [n for n in self.ordered.column_names if n.startswith(CARRIED)]
         return InputRows(self.ordered.column("id"), self.ordered.column("digest"),
-                         self.ordered.select(carry))
+                         self.ordered.select(carry).rename_columns(
+                             [n[len(CARRIED):] for n in carry]))
 
 
 def _buckets(scratch: Scratch, side: str, k: int, id_type: pa.DataType
@@ -397,14 +438,20 @@ def _buckets(scratch: Scratch, side: str, k: int, id_type: pa.DataType
 
 
 def _add(by_id: Buckets, by_digest: Buckets, keyed: pa.Schema, start: int, ids: pa.Array,
-         digests: pa.Array) -> None:
+         digests: pa.Array, first_of: np.ndarray | None = None) -> None:
+    """A batch's rows to the id buckets, and the first row of each of its distinct texts
+    to the digest buckets (`first_of`, for the input: where each row's first row is)."""
     batch = pa.record_batch([ids, digests, pa.array(np.arange(start, start + len(ids)))],
                             schema=keyed)
     if by_id is by_digest:
         by_id.add(batch, None)
         return
     by_id.add(batch, id_hashes(ids))
-    by_digest.add(batch, _digest_hashes(digests))
+    _, first, inverse = np.unique(_as_bytes(digests), return_index=True, return_inverse=True)
+    if first_of is not None:
+        first_of[start : start + len(ids)] = first[inverse.reshape(-1)] + start
+    distinct = batch.take(pa.array(np.sort(first)))
+    by_digest.add(distinct, _digest_hashes(distinct.column(1)))
 
 
 def _digest_hashes(digests: pa.Array) -> np.ndarray:
@@ -432,7 +479,8 @@ class _Found:
 
     @classmethod
     def of(cls, stored: _Side, given: _Side, scratch: Scratch, k: int, spec: InputSpec,
-           copy_of: np.ndarray, inline: _InlineDigests | None) -> _Found:
+           copy_of: np.ndarray, inline: _InlineDigests | None, first_of: np.ndarray | None
+           ) -> _Found:
         n, s = given.rows, stored.rows
         at = scratch.array("at", n, np.int64, -1)
         edited = scratch.array("edited", n, bool)
@@ -456,6 +504,11 @@ class _Found:
         delta_of = scratch.array("delta_of", n, np.int64, -1)
         delta, first = _delta(np.concatenate(wanted_rows), np.concatenate(wanted_digests),
                               delta_of)
+        if first_of is not None:  # a repeated text takes its first row's lookup
+            for step in steps(n):
+                at_first = first_of[step]
+                copy_of[step] = copy_of[at_first]
+                delta_of[step] = delta_of[at_first]
         texts: list[str | None] = [None] * len(delta)  # split: read again by `compare`
         if inline is not None:
             texts = [inline.texts[d] for d in delta]
@@ -604,8 +657,8 @@ def _place(found: _Found, store_rows: int, prune: bool, append_edits: bool, scra
     for step in steps(store_rows):
         without = input_of[step] < 0
         flagged = found.superseded[step].copy()
-        inside = edited_store[(edited_store >= step.start) & (edited_store < step.stop)]
-        flagged[inside - step.start] = True
+        lo, hi = np.searchsorted(edited_store, [step.start, step.stop])
+        flagged[edited_store[lo:hi] - step.start] = True
         stale = without & flagged
         is_gone = without & ~stale
         kept = ~without | (is_gone & (not prune)) | (stale & (not compact))
