@@ -1184,14 +1184,17 @@ def test_digests_compared_as_32_bytes_read_back_as_the_stored_hex() -> None:
 def test_digest_lookup_finds_each_digests_first_stored_row_as_a_dictionary_does() -> None:
     """The comparison's sorted lookup against a plain dict of first occurrences (the
     oracle): repeated digests, digests differing only in their last byte or holding zero
-    bytes, sliced arrays, and an empty store."""
+    bytes, digests sharing their first 8 bytes, sliced arrays, and an empty store."""
     from pipeline.run.compare import DIGEST, DigestLookup
 
     rng = np.random.default_rng(3)
     pool = [rng.bytes(32) for _ in range(40)]
     pool += [pool[0][:31] + bytes([pool[0][31] ^ 1]), bytes(32), bytes(31) + b"\x01",
              b"\x00" * 16 + b"\xff" * 16]
-    stored = [pool[i] for i in rng.integers(0, 30, 200)] + pool[40:42]
+    # digests sharing their first 8 bytes (the lookup's sort key) with stored ones
+    pool += [pool[i][:8] + rng.bytes(24) for i in (1, 1, 2, 3)] + [pool[3][:8] + bytes(24)]
+    stored = [pool[i] for i in rng.integers(0, 30, 200)] + pool[40:42] + pool[44:46] + \
+        [pool[3], pool[46], pool[44]]
     asked = pool + [pool[3]] * 3
     first: dict[bytes, int] = {}
     for row, digest in enumerate(stored):

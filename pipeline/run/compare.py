@@ -756,22 +756,45 @@ def _compaction_due(superseded: int, rows: int) -> bool:
 
 class DigestLookup:
     """Where digests first occur among a store's, asked partition by partition: the
-    store's are sorted once and each ask is a binary search (`pc.index_in` hashes the
-    whole value set on every call: against a million stored rows, 82 partitions spent
-    27 s in it)."""
+    store's are sorted once by their first 8 bytes (as integers: a binary search over them
+    is several times faster than over 32-byte strings) and each ask is a binary search, then
+    a check of the whole digest (`pc.index_in` hashes the whole value set on every call:
+    against a million stored rows, 82 partitions spent 27 s in it)."""
 
     def __init__(self, digests: pa.Array):
-        keys = _as_bytes(digests)
-        self.order = np.argsort(keys, kind="stable")  # equal digests: the first row first
-        self.sorted = keys[self.order]
+        self.keys = _as_bytes(digests)
+        prefixes = _prefixes(self.keys)
+        self.order = np.argsort(prefixes, kind="stable")  # equal prefixes: rows ascending
+        self.prefixes = prefixes[self.order]
 
     def index_in(self, digests: pa.Array) -> np.ndarray:
         """(n,) int64: the first stored row holding each digest; -1 where none does."""
         keys = _as_bytes(digests)
-        if not len(self.sorted):
+        if not len(self.prefixes):
             return np.full(len(keys), -1, np.int64)
-        at = np.minimum(np.searchsorted(self.sorted, keys), len(self.sorted) - 1)
-        return np.where(self.sorted[at] == keys, self.order[at], -1).astype(np.int64)
+        wanted = _prefixes(keys)
+        at = np.searchsorted(self.prefixes, wanted)
+        first = np.minimum(at, len(self.prefixes) - 1)
+        rows = self.order[first]
+        same_prefix = self.prefixes[first] == wanted
+        found = same_prefix & (self.keys[rows] == keys)
+        out = np.where(found, rows, -1).astype(np.int64)
+        # two digests sharing their first 8 bytes (about one pair in 2**64 / n**2): the
+        # asked one may be further along the run of that prefix (rows ascending in it)
+        for i in np.flatnonzero(same_prefix & ~found).tolist():
+            j = int(at[i])
+            while j < len(self.prefixes) and self.prefixes[j] == wanted[i]:
+                if self.keys[self.order[j]] == keys[i]:
+                    out[i] = self.order[j]
+                    break
+                j += 1
+        return out
+
+
+def _prefixes(keys: np.ndarray) -> np.ndarray:
+    """Each 32-byte digest's first 8 bytes as an unsigned integer, ordered as the bytes."""
+    return np.ascontiguousarray(keys).view(np.uint8).reshape(-1, 32)[:, :8].copy() \
+        .view(">u8").reshape(-1).astype(np.uint64)
 
 
 def _as_bytes(digests: pa.Array) -> np.ndarray:
