@@ -731,3 +731,26 @@ def test_chains_of_edits_then_compaction_and_a_wider_status(
     summaries = _updates_equal_comparing_every_column(tmp_path, tiny_bert, monkeypatch, steps,
                                                       flat)
     assert any(s.dropped for s in summaries)
+
+
+@pytest.mark.parametrize("gains", [True, False], ids=["gains-nulls", "loses-nulls"])
+def test_a_carried_string_column_that_gains_or_loses_nulls(
+        tmp_path: Path, tiny_bert: Path, gains: bool) -> None:
+    """A carried string column without nulls in the store gains some in an update (and the
+    other way round): the nulls read back as nulls, not as the stored marker string, and
+    the store equals a run from scratch (the kept array did not say which cells are
+    nulls: "\u2400" came back where None was written)."""
+    texts, ids = _texts(6, chars=40), [f"r{i}" for i in range(6)]
+    plain = ["label a"] * 6
+    holed = ["label a", None, "b", "label a", "x", None]
+    source = tmp_path / "in.parquet"
+    first, then = (plain, holed) if gains else (holed, plain)
+    pq.write_table(pa.table({"id": ids, "text": texts, "label": first}), source)
+    job = _job(tmp_path, tiny_bert, source, carry=("label",), incremental=True)
+    run_job(job)
+    pq.write_table(pa.table({"id": ids, "text": texts, "label": pa.array(then, pa.string())}),
+                   source)
+    run_job(job, incremental=True)
+    got = pipeline.open_store(job.output.path).docs["label"].values.tolist()
+    assert got == then
+    assert verify_store(job.output.path) == []

@@ -45,7 +45,7 @@ from zarr.storage import WrapperStore
 from ..errors import StoreError
 from ..io.location import Location, resolve
 from .base import StreamedVersion
-from .columns import StoredColumns
+from .columns import MISSING_ATTRIBUTE, StoredColumns
 from .integrity import CHUNK_DIR, VerifiedStore, files_by_array
 from .provenance import FileSum, is_complete, version_of
 from .zarr_store import (
@@ -546,7 +546,7 @@ def _block_rows() -> int:
     return ICECHUNK_ROWS_PER_CHUNK * ICECHUNK_FLAT_FACTOR
 
 
-def chunk_rows(sample: np.ndarray) -> int:
+def _chunk_rows(sample: np.ndarray) -> int:
     """Rows per chunk of a new array holding values like `sample`'s."""
     return ICECHUNK_ROWS_PER_CHUNK * (ICECHUNK_FLAT_FACTOR if sample.ndim == 1 else 1)
 
@@ -562,8 +562,10 @@ def _whole_chunks(kept: np.ndarray, rows: int) -> np.ndarray:
 
 def _array_for(group: Any, name: str, sample: np.ndarray, n: int, dim: str,
                columns: StoredColumns) -> tuple[Any, bool]:
-    """The existing array `name` resized to `n` rows when it can hold `sample`'s values,
-    else a new one (True: new, nothing in it yet)."""
+    """The existing array `name` resized to `n` rows when it can hold `sample`'s values
+    and marks nulls as the new version does, else a new one (True: new, nothing in it
+    yet). A string column that gains or loses nulls is made anew: kept, its stored marker
+    would not say which cells are nulls."""
     if name in group:
         array = group[name]
         wider = sample.dtype.kind == "U" and array.dtype.kind == "U" and \
@@ -571,12 +573,14 @@ def _array_for(group: Any, name: str, sample: np.ndarray, n: int, dim: str,
         same = (array.dtype == sample.dtype or wider or (sample.dtype.kind in "OT"
                                                          and array.dtype.kind in "OT")) \
             and array.shape[1:] == sample.shape[1:] \
-            and _block_rows() % array.chunks[0] == 0
+            and _block_rows() % array.chunks[0] == 0 \
+            and array.attrs.get(MISSING_ATTRIBUTE) == \
+            columns.zarr_attributes(name).get(MISSING_ATTRIBUTE)
         if same:
             if array.shape[0] != n:
                 array.resize((n, *array.shape[1:]))
             return array, False
-    array = create_array(group, name, sample, n, dim, chunk_rows(sample))
+    array = create_array(group, name, sample, n, dim, _chunk_rows(sample))
     if attributes := columns.zarr_attributes(name):
         array.update_attributes(attributes)
     return array, True
