@@ -1229,7 +1229,6 @@ def _plan_night(store: _Toy, table: dict[int, str], prune: bool, append_edits: b
     partitions of 5 rows as the real comparison reads them."""
     from pipeline.extract.texthash import text_sha256_bytes
     from pipeline.run.compare import DIGEST, StoreRows, plan
-    from pipeline.spec import InputSpec
 
     ids, texts = pa.array(list(table), pa.int64()), list(table.values())
     digests = pa.array(text_sha256_bytes(texts), DIGEST)
@@ -1240,7 +1239,7 @@ def _plan_night(store: _Toy, table: dict[int, str], prune: bool, append_edits: b
                    texts[start : start + 5])
 
     return plan(StoreRows.of_arrays(store.ids, store.digests, store.present), batches,
-                len(ids), prune, append_edits, InputSpec("in.parquet", "text", "id"))
+                len(ids), prune, append_edits)
 
 
 def test_rows_taken_from_a_chunked_column_as_from_one_array() -> None:

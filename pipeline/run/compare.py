@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xarray as xr
 
-from ..errors import InputError, StoreError, UnreadableInputError
+from ..errors import StoreError, UnreadableInputError
 from ..extract.source import Partition, RowGroupCache, id_hashes, read_partition
 from ..extract.texthash import text_sha256_bytes
 from ..spec import InputSpec
@@ -243,9 +243,7 @@ def take_rows(column: pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
     rows = np.asarray(rows, np.int64)
     lengths = np.array([len(chunk) for chunk in column.chunks], np.int64)
     starts = np.cumsum(lengths) - lengths
-    which = np.searchsorted(starts, rows, side="right") - 1
-    order = np.argsort(which, kind="stable")
-    bounds = np.searchsorted(which[order], np.arange(len(lengths) + 1))
+    order, bounds = _grouped(np.searchsorted(starts, rows, side="right") - 1, len(lengths))
     pieces = [column.chunk(c).take(pa.array(rows[order[bounds[c] : bounds[c + 1]]] - starts[c]))
               for c in range(len(lengths)) if bounds[c + 1] > bounds[c]]
     if not pieces:
@@ -253,6 +251,13 @@ def take_rows(column: pa.ChunkedArray, rows: np.ndarray) -> pa.Array:
     back = np.empty(len(rows), np.int64)
     back[order] = np.arange(len(rows))
     return pa.concat_arrays(pieces).take(pa.array(back))
+
+
+def _grouped(which: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions ordered by group (0..k-1, each group's in their order) and each group's
+    bounds in that order: group g is order[bounds[g]:bounds[g + 1]]."""
+    order = np.argsort(which, kind="stable")
+    return order, np.searchsorted(which[order], np.arange(k + 1))
 
 
 def steps(n: int) -> Iterator[slice]:
@@ -277,9 +282,7 @@ class Buckets:
         if self.k == 1 or hashes is None:
             self._put(0, batch)
             return
-        which = (hashes % np.uint64(self.k)).astype(np.int64)
-        order = np.argsort(which, kind="stable")
-        bounds = np.searchsorted(which[order], np.arange(self.k + 1))
+        order, bounds = _grouped((hashes % np.uint64(self.k)).astype(np.int64), self.k)
         ordered = batch.take(pa.array(order))
         for b in range(self.k):
             if bounds[b + 1] > bounds[b]:
@@ -329,7 +332,7 @@ def compare(spec: InputSpec, parts: Sequence[Partition], store: StoreRows,
             yield (_ids_like(rows.ids, id_type, spec),
                    pa.array(text_sha256_bytes(rows.texts), DIGEST), carry, rows.texts)
 
-    changes = plan(store, batches, sum(p.n_rows for p in parts), prune, append_edits, spec)
+    changes = plan(store, batches, sum(p.n_rows for p in parts), prune, append_edits)
     if changes.scratch is not None and changes.scratch.on_disk:  # texts not kept on the way
         try:
             changes.delta_texts = _delta_texts(spec, parts, changes, row_groups)
@@ -340,7 +343,7 @@ def compare(spec: InputSpec, parts: Sequence[Partition], store: StoreRows,
 
 
 def plan(store: StoreRows, batches: Callable[[pa.DataType | None], Iterable[InputBatch]],
-         n_input: int, prune: bool, append_edits: bool, spec: InputSpec) -> Changes:
+         n_input: int, prune: bool, append_edits: bool) -> Changes:
     """The new version against `store`, for the input in `batches` (given the store's id
     type, or None for an empty store). In one bucket, the store's digests are looked up as
     the input is read and the texts to encode kept on the way; split into buckets, the
@@ -356,7 +359,7 @@ def plan(store: StoreRows, batches: Callable[[pa.DataType | None], Iterable[Inpu
         first_of = scratch.array("first_of", n_input, np.int64) if k > 1 else None
         given = _Side.of_input(batches(stored.id_type), scratch, k, n_input, inline,
                                stored.id_type, first_of)
-        found = _Found.of(stored, given, scratch, k, spec, copy_of, inline, first_of)
+        found = _Found.of(stored, given, scratch, k, copy_of, inline, first_of)
         changes = _plan(found, stored, given, prune, append_edits, scratch)
     except BaseException:
         scratch.close()
@@ -451,14 +454,7 @@ def _add(by_id: Buckets, by_digest: Buckets, keyed: pa.Schema, start: int, ids: 
     if first_of is not None:
         first_of[start : start + len(ids)] = first[inverse.reshape(-1)] + start
     distinct = batch.take(pa.array(np.sort(first)))
-    by_digest.add(distinct, _digest_hashes(distinct.column(1)))
-
-
-def _digest_hashes(digests: pa.Array) -> np.ndarray:
-    """A digest's first 8 bytes (a SHA-256 is already evenly spread)."""
-    raw = np.frombuffer(digests.buffers()[1], np.uint64, count=4 * len(digests),
-                        offset=digests.offset * 32)
-    return raw[::4].copy()
+    by_digest.add(distinct, _prefixes(_as_bytes(distinct.column(1))))  # SHA-256: spread
 
 
 @dataclass
@@ -478,19 +474,16 @@ class _Found:
     delta_texts: list[str | None]
 
     @classmethod
-    def of(cls, stored: _Side, given: _Side, scratch: Scratch, k: int, spec: InputSpec,
-           copy_of: np.ndarray, inline: _InlineDigests | None, first_of: np.ndarray | None
-           ) -> _Found:
+    def of(cls, stored: _Side, given: _Side, scratch: Scratch, k: int, copy_of: np.ndarray,
+           inline: _InlineDigests | None, first_of: np.ndarray | None) -> _Found:
         n, s = given.rows, stored.rows
         at = scratch.array("at", n, np.int64, -1)
         edited = scratch.array("edited", n, bool)
         superseded = scratch.array("superseded", s, bool)
-        repeats: list[tuple[int, object, np.ndarray]] = []
+        # the input's ids are unique: preflight refuses repeats for every incremental run
+        # (`source.check_unique_ids`), and a file written since is refused when read
         for b in range(k):
-            _match_ids(stored.by_id.get(b), given.by_id.get(b), at, edited, superseded,
-                       repeats)
-        if repeats:
-            _refuse_repeats(min(repeats, key=lambda r: r[0]), spec)
+            _match_ids(stored.by_id.get(b), given.by_id.get(b), at, edited, superseded)
         wanted_rows, wanted_digests = [np.zeros(0, np.int64)], [np.empty(0, "S32")]
         if inline is not None:  # looked up as the input was read
             wanted_rows += inline.rows
@@ -516,15 +509,12 @@ class _Found:
 
 
 def _match_ids(store: pa.Table, given: pa.Table, at: np.ndarray, edited: np.ndarray,
-               superseded: np.ndarray, repeats: list[tuple[int, object, np.ndarray]]) -> None:
+               superseded: np.ndarray) -> None:
     """One bucket's ids: each input row's store row (the id's last), whether its text
-    changed; each store row's superseded flag; the bucket's first repeated input id."""
+    changed; each store row's superseded flag."""
     store_ids = store.column("id").combine_chunks()
     store_rows = store.column("row").to_numpy()
     ids, rows = given.column("id").combine_chunks(), given.column("row").to_numpy()
-    repeated = _first_repeat(ids, rows)
-    if repeated is not None:
-        repeats.append(repeated)
     if len(store_ids) == 0:
         return
     superseded[store_rows] = ~last_of_each_id(store_ids)
@@ -534,27 +524,6 @@ def _match_ids(store: pa.Table, given: pa.Table, at: np.ndarray, edited: np.ndar
     same = pc.equal(store.column("digest").take(pa.array(local[hit])),
                     given.column("digest").take(pa.array(hit)))
     edited[rows[hit[~_np(same)]]] = True
-
-
-def _first_repeat(ids: pa.Array, rows: np.ndarray) -> tuple[int, object, np.ndarray] | None:
-    """The id on more than one row whose first row comes first: (that row, id, its rows)."""
-    counts = pc.value_counts(ids)
-    repeated = counts.filter(pc.greater(counts.field("counts"), 1)).field("values")
-    if len(repeated) == 0:
-        return None
-    on = np.flatnonzero(_np(pc.is_in(ids, value_set=repeated)))
-    first = on[np.argmin(rows[on])]
-    dup = ids[int(first)]
-    mine = np.sort(rows[_np(pc.equal(ids, dup))])
-    return int(mine[0]), dup.as_py(), mine
-
-
-def _refuse_repeats(repeat: tuple[int, object, np.ndarray], spec: InputSpec) -> None:
-    _, dup, rows = repeat
-    shown = ", ".join(str(r) for r in rows[:3]) + (" ..." if len(rows) > 3 else "")
-    raise InputError(f"input.id_column: id {dup!r} is on {len(rows)} rows of the input (rows "
-                     f"{shown}); an incremental run matches rows to the store by id, so ids "
-                     "must be unique")
 
 
 class _InlineDigests:
