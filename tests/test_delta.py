@@ -142,6 +142,85 @@ def test_an_update_rewrites_only_the_files_that_changed(
     assert verify_store(path) == []
 
 
+def test_an_update_reads_of_a_kept_file_only_its_carried_columns(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """24 rows in docs files of 4, a label carried. Night one: row 2's text changed (its
+    file rewritten, its three kept rows' results taken from the old file), row 9's label
+    changed, text kept (its file rewritten for the label alone), row 17 gone from the
+    input (its `present` flag flips), two rows added. The three files of nothing but kept
+    rows are kept, and of them only the ids, row keys and labels are read: not one vector.
+    Every row's vectors and chunks equal a run from scratch of the same input."""
+    monkeypatch.setattr(delta_store, "DELTA_ROWS_PER_FILE", 4)
+    texts, labels = _texts(26), [f"l{i}" for i in range(26)]
+    source = tmp_path / "in.parquet"
+
+    def write(rows: list[int], text: dict[int, str], label: dict[int, str]) -> None:
+        pq.write_table(pa.table({"id": [f"r{i}" for i in rows],
+                                 "text": [text.get(i, texts[i]) for i in rows],
+                                 "label": [label.get(i, labels[i]) for i in rows]}), source)
+
+    def carrying(name: str) -> Job:
+        job = job_dict(source, tiny_bert, tmp_path / f"{name}.delta",
+                       input={"carry_columns": ["label"]}, output={"format": "delta"},
+                       chunking={"strategy": "hierarchical", "max_tokens": 16, "overlap": 4})
+        return Job.from_dict(job)
+
+    write(list(range(24)), {}, {})
+    job = carrying("o")
+    run_job(job)
+    path = Path(job.output.path)
+    files_before = DeltaTable(str(path / "docs")).file_uris()
+    assert len(files_before) == 6
+    reads: list[tuple[str, str, tuple[str, ...] | None]] = []
+    original = DeltaFormat._read_file
+
+    def recorded(self: DeltaFormat, level: str, file: str,
+                 columns: list[str] | None = None) -> pa.Table:
+        reads.append((level, Path(file).name, None if columns is None else tuple(columns)))
+        return original(self, level, file, columns)
+
+    monkeypatch.setattr(DeltaFormat, "_read_file", recorded)
+    night = [i for i in range(26) if i != 17]
+    write(night, {2: "a text that changed overnight"}, {9: "relabelled"})
+    summary = run_job(job, incremental=True)
+    assert (summary.added, summary.replaced, summary.encoded, summary.gone) == (2, 1, 3, 1)
+    docs_now = DeltaTable(str(path / "docs")).file_uris()
+    first_row = {Path(u).name: pq.read_table(u).column("row")[0].as_py() for u in files_before}
+    removed = {Path(u).name for u in files_before if u not in docs_now}
+    assert sorted(first_row[name] for name in removed) == [0, 8, 16]
+    kept_reads = [columns for level, name, columns in reads
+                  if level == "docs" and name in first_row and name not in removed]
+    # the keys of every file (matching ids to rows), the labels of the kept ones
+    assert ("row", "label") in kept_reads and all(
+        columns is not None and set(columns) <= {"id", "row", "label"}
+        for columns in kept_reads), kept_reads
+    store = pipeline.open_store(path)
+    scratch = carrying("scratch")
+    run_job(scratch)
+    fresh = pipeline.open_store(scratch.output.path)
+    here = {key: i for i, key in enumerate(np.asarray(store.docs["id"].values))}
+    assert not bool(store.docs["present"].values[here["r17"]])
+    assert store.docs["label"].values[here["r9"]] == "relabelled"
+    ids = list(np.asarray(fresh.docs["id"].values))
+    assert sorted(ids) == sorted(k for k in here if k != "r17")
+    at = [here[key] for key in ids]
+    for view in ("mean", "cls"):
+        np.testing.assert_allclose(store.vectors(view)[at], fresh.vectors(view), atol=1e-5)
+        mine, theirs = _chunks_by_id(store, view), _chunks_by_id(fresh, view)
+        for key in ids:
+            np.testing.assert_allclose(mine[key], theirs[key], atol=1e-5, err_msg=key)
+    assert np.asarray(store.docs["label"].values)[at].tolist() == \
+        np.asarray(fresh.docs["label"].values).tolist()
+    assert verify_store(path) == []
+
+
+def _chunks_by_id(store: Any, view: str) -> dict[str, np.ndarray]:
+    """Each document's chunk vectors of `view`, in order, by the document's id."""
+    ids = np.asarray(store.docs["id"].values)[np.asarray(store.chunks["doc"].values)]
+    vectors = store.vectors(view, "chunks")
+    return {key: vectors[ids == key] for key in np.unique(ids)}
+
+
 @pytest.mark.slow  # a dozen updates
 def test_checkpoints_bound_the_log_and_every_version_stays_readable(
         tmp_path: Path, tiny_bert: Path) -> None:

@@ -23,7 +23,7 @@ from ..spec import Job
 from ..stores import Layout, Staging
 from ..stores.base import StreamedVersion, Unwritten
 from ..stores.columns import StoredColumns, string_width, vector_array
-from ..stores.parquet_store import file_dataset
+from ..stores.parquet_store import parts_dataset
 from .compare import Changes, take_rows, to_hex
 
 BLOCK_ROWS = 32768  # rows per staged part of the new version (a Parquet row group)
@@ -56,12 +56,11 @@ class Source:
     @classmethod
     def staged(cls, staging: Staging, indices: Sequence[int], has_chunks: bool) -> Source:
         """The delta's staged parts, in partition order (local or on an object store)."""
-        docs = xr.concat([file_dataset(staging.part(i, "docs"), "doc") for i in indices],
-                         dim="doc")
+        docs = parts_dataset([staging.part(i, "docs") for i in indices], "doc", dask=False)
         chunks = None
         if has_chunks:
-            chunks = xr.concat([file_dataset(staging.part(i, "chunks"), "chunk")
-                                for i in indices], dim="chunk")
+            chunks = parts_dataset([staging.part(i, "chunks") for i in indices], "chunk",
+                                   dask=False)
         return cls.of(docs, chunks)
 
 
@@ -136,8 +135,16 @@ def streamed_version(a: Assembly, budget: int) -> tuple[StreamedVersion, dict[st
         rows={level: rows[level] for level in levels},
         columns={level: found[level].columns(vector_fields) for level in levels},
         widths={level: found[level].widths for level in levels},
-        same={level: same[level] for level in levels}, blocks=blocks)
+        same={level: same[level] for level in levels}, kept=_kept(a.changes),
+        chunk_counts=a.counts, blocks=blocks)
     return streamed, stats.counts
+
+
+def _kept(c: Changes) -> np.ndarray:
+    """Per row, the store row of its id when the row keeps everything of it (results from
+    its own row, so the same text; the same `present` flag), else -1 (StreamedVersion)."""
+    keeps = c.from_store & (c.source == c.store_row) & (c.was_present == (c.input_row >= 0))
+    return np.where(keeps, c.store_row, -1)
 
 
 def _same(a: Assembly) -> dict[str, dict[str, np.ndarray]]:

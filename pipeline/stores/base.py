@@ -89,12 +89,20 @@ class StreamedVersion:
     left the input or an edit superseded it in this update. A writer that leaves some of
     those cells untouched (its chunks holding nothing but such rows) says so when it asks
     for the blocks: `blocks(unwritten)`; those cells of the blocks may then hold zeros, not
-    read from the current version, so that an update reads and writes what changed."""
+    read from the current version, so that an update reads and writes what changed.
+
+    `kept` says the same by id rather than by position, for a format whose rows are keyed
+    (Delta: a row keeps its key wherever it moves): per docs row of the new version, the
+    current version's row of its id when the row keeps that row's results, id, digest and
+    `present` flag (and so its chunks and their results), else -1. Carried columns come
+    from the input and are compared as they come."""
 
     rows: dict[str, int]
     columns: dict[str, StoredColumns]
     widths: dict[str, dict[str, int]]
     same: dict[str, dict[str, np.ndarray]]
+    kept: np.ndarray
+    chunk_counts: np.ndarray  # per docs row of the new version, its rows of the chunks level
     blocks: Callable[[Unwritten], Iterator[dict[str, pa.Table | None]]]
 
 

@@ -59,7 +59,7 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 from ..errors import StoreError
 from ..io.location import Location, resolve
 from .base import StagedLevel, StreamedVersion, column_matrix
-from .parquet_store import DTYPE_KEY, READ_ERRORS, WIDTH_KEY, ParquetFormat, _parts_dataset
+from .parquet_store import DTYPE_KEY, READ_ERRORS, WIDTH_KEY, ParquetFormat, parts_dataset
 from .parquet_store import _write as write_parquet
 from .provenance import FileSum, is_complete, version_of
 
@@ -493,25 +493,35 @@ class DeltaFormat(ParquetFormat):
     def write_streamed_version(self, version: int, streamed: StreamedVersion) -> None:
         """The new version's blocks compared file by file with the current version: new
         rows become new files, a file whose rows changed (or were removed) is rewritten,
-        an equal one is kept. Nothing is committed before `publish`."""
+        a file whose rows are all kept (`StreamedVersion.kept`) stays as it is, unread
+        but for the columns carried from the input. Nothing is committed before
+        `publish`."""
         self._begin_write()
         keys = _RowKeys.of(self)
-        patches = {level: _LevelPatch(self, level, keys.next) for level in streamed.rows}
-        for block in streamed.blocks({}):  # every file of a changed row is read whole
+        kept = streamed.kept >= 0
+        patches = {level: _LevelPatch(self, level, keys.next, set(streamed.same[level]))
+                   for level in streamed.rows}
+        # a kept row's results are not read: the file that holds them is kept, or read
+        # whole to be rewritten (the results then come from it)
+        unwritten = {level: dict.fromkeys(patch.fillable, kept if level == "docs"
+                                          else np.repeat(kept, streamed.chunk_counts))
+                     for level, patch in patches.items()}
+        for block in streamed.blocks(unwritten):
             docs = block["docs"]
             assert docs is not None  # every block has its documents
             docs = streamed.columns["docs"].conform(docs)
             positions = docs.column("row").to_numpy()
             row_keys = keys.assign(docs)
             docs = docs.set_column(docs.column_names.index("row"), "row", pa.array(row_keys))
-            patches["docs"].add(delta_form(docs))
+            patches["docs"].add(delta_form(docs), kept[positions])
             chunks = block.get("chunks")
             if "chunks" in patches and chunks is not None:
                 chunks = streamed.columns["chunks"].conform(chunks)
-                doc = chunks.column("doc").to_numpy() - (positions[0] if len(positions) else 0)
+                doc = chunks.column("doc").to_numpy()
+                at = doc - (positions[0] if len(positions) else 0)
                 chunks = chunks.set_column(chunks.column_names.index("doc"), "doc",
-                                           pa.array(row_keys[doc] if len(doc) else doc))
-                patches["chunks"].add(delta_form(chunks))
+                                           pa.array(row_keys[at] if len(at) else at))
+                patches["chunks"].add(delta_form(chunks), kept[doc])
         self._pending = {level: patch.close() for level, patch in patches.items()}
 
     def _switch(self, version: int, raw: dict[str, Any], previous: int) -> None:
@@ -595,12 +605,12 @@ class DeltaFormat(ParquetFormat):
         return {level: (level, sum(f.rows for f in self._files(level)))
                 for level in self._levels() if level != "tokens"}
 
-    def _dataset(self, level: str) -> xr.Dataset | None:
+    def _dataset(self, level: str, dask: bool = True) -> xr.Dataset | None:
         """A level lazily, in its order (see the module docstring); None without it."""
         if level not in self._levels():
             return None
         files = [self.location.child(level, f.path) for f in self._files(level)]
-        data = _parts_dataset(files, LEVEL_DIMS[level])
+        data = parts_dataset(files, LEVEL_DIMS[level], dask)
         if not data.data_vars:
             return data
         order = [np.asarray(data[name].values) for name in LEVEL_ORDER[level]]
@@ -610,20 +620,19 @@ class DeltaFormat(ParquetFormat):
         return data
 
     def open_datasets(self, dask: bool = True) -> tuple[xr.Dataset, xr.Dataset | None]:
-        # dask either way: a block per row group is how a Parquet file is read lazily
-        docs = self._dataset("docs")
+        docs = self._dataset("docs", dask)
         if docs is None:
             raise StoreError(f"{self.path}: no docs table")
         rows = np.asarray(docs["row"].values)
         docs = docs.drop_vars("row").set_coords("id")
-        chunks = self._dataset("chunks")
+        chunks = self._dataset("chunks", dask)
         if chunks is not None and "doc" in chunks:
             # `doc` names a docs `row`; readers of a store count documents by position
             chunks["doc"] = (("chunk",), np.searchsorted(rows, np.asarray(chunks["doc"].values)))
         return docs, chunks
 
     def open_tokens(self, dask: bool = True) -> xr.Dataset | None:
-        return self._dataset("tokens")
+        return self._dataset("tokens", dask)
 
     # ---- versions --------------------------------------------------------------------
 
@@ -719,21 +728,27 @@ class _RowKeys:
 class _LevelPatch:
     """A level's new rows (Delta's types, in order) against its current files: a file is
     kept when its rows are the same, else rewritten; rows past the current ones are new
-    files. Each current file covers the keys from its first row to the next file's."""
+    files. Each current file covers the keys from its first row to the next file's.
 
-    def __init__(self, fmt: DeltaFormat, level: str, boundary: int):
+    Rows come with a `kept` flag (StreamedVersion.kept: the row is its store row, by key);
+    their `fillable` columns (all but the keys and the carried columns) hold zeros, not
+    read. A file whose rows are all kept is kept without reading more than its carried
+    columns; a file rewritten is read whole and gives its kept rows' cells."""
+
+    def __init__(self, fmt: DeltaFormat, level: str, boundary: int, same: set[str]):
         self.fmt, self.level = fmt, level
         self.key = LEVEL_ORDER[level][0]
+        self.fillable = sorted(same - set(LEVEL_ORDER[level]))
         self.files = [f for f in fmt._files(level) if f.first is not None]
         self.starts = np.array([f.first for f in self.files], np.int64)
         self.boundary = boundary  # the first docs `row` of a new document
         self.pending = _Pending()
         self.bucket: int = 0  # the file whose rows are being gathered
-        self.gathered: list[pa.Table] = []
+        self.gathered: list[tuple[pa.Table, np.ndarray]] = []
         self.fresh: list[pa.Table] = []
         self.replace_all: bool | None = None  # the schema changed: every file rewritten
 
-    def add(self, table: pa.Table) -> None:
+    def add(self, table: pa.Table, kept: np.ndarray) -> None:
         table = self._aligned(table)
         keys = table.column(self.key).to_numpy()
         old = int(np.searchsorted(keys, self.boundary, side="left"))
@@ -743,8 +758,10 @@ class _LevelPatch:
                 lo, hi = np.searchsorted(buckets, b, "left"), np.searchsorted(buckets, b, "right")
                 while self.bucket < b:
                     self._close_bucket()
-                self.gathered.append(table.slice(lo, hi - lo))
+                self.gathered.append((table.slice(lo, hi - lo), kept[lo:hi]))
         if old < len(table):
+            if kept[old:].any():
+                raise StoreError("internal: a new row of the delta store is marked kept")
             self.fresh.append(table.slice(old))
             if sum(t.num_rows for t in self.fresh) >= 4 * DELTA_ROWS_PER_FILE:
                 self.pending.adds += self.fmt._flush(self.level, self.fresh, final=False)
@@ -775,13 +792,18 @@ class _LevelPatch:
         if self.bucket >= len(self.files):
             return
         current = self.files[self.bucket]
-        new = pa.concat_tables(self.gathered) if self.gathered else None
-        self.gathered = []
+        new, kept = self._gathered()
         self.bucket += 1
         if not self.replace_all and new is not None:
+            if new.num_rows == current.rows and kept.all() and self._carried_same(current, new):
+                return  # its rows, each kept by key: the file is what the new version holds
             old = sorted_by_order(self.fmt._read_file(self.level, current.path), self.level)
+            new = self._filled(new, kept, old)
             if old.num_rows == new.num_rows and old.select(new.column_names).equals(new):
                 return
+        elif new is not None and kept.any():
+            old = sorted_by_order(self.fmt._read_file(self.level, current.path), self.level)
+            new = self._filled(new, kept, old)
         self.pending.removes.append(current)
         if new is not None and new.num_rows:
             self.pending.adds += self.fmt._write_files(self.level, new)
@@ -793,6 +815,60 @@ class _LevelPatch:
         if self.replace_all:
             self.pending.removes = []
         return self.pending
+
+    def _gathered(self) -> tuple[pa.Table | None, np.ndarray]:
+        tables, flags = [t for t, _ in self.gathered], [k for _, k in self.gathered]
+        self.gathered = []
+        if not tables:
+            return None, np.zeros(0, bool)
+        return pa.concat_tables(tables), np.concatenate(flags)
+
+    def _carried_same(self, current: _DataFile, new: pa.Table) -> bool:
+        """The carried columns of a file whose rows are all kept, against the new rows'."""
+        order = list(LEVEL_ORDER[self.level])
+        carried = [n for n in new.column_names if n not in self.fillable and n not in order]
+        if not carried:
+            return True
+        old = sorted_by_order(self.fmt._read_file(self.level, current.path, order + carried),
+                              self.level)
+        return old.select(carried).equals(new.select(carried))
+
+    def _filled(self, new: pa.Table, kept: np.ndarray, old: pa.Table) -> pa.Table:
+        """`new` with its kept rows' unread cells taken from `old` (the sorted file that
+        holds those rows, matched by key)."""
+        if not kept.any():
+            return new
+        at = _rows_by_key(old, new.filter(pa.array(kept)), self.level)
+        take = np.arange(new.num_rows)
+        take[kept] = new.num_rows + at
+        indices = pa.array(take)
+        for name in self.fillable:
+            if name not in new.column_names or name not in old.column_names:
+                continue
+            column = new.column(name).combine_chunks()
+            stored = old.column(name).cast(column.type).combine_chunks()
+            merged = pa.concat_arrays([column, stored]).take(indices)
+            i = new.column_names.index(name)
+            new = new.set_column(i, new.schema.field(i), merged)
+        return new
+
+
+def _rows_by_key(old: pa.Table, rows: pa.Table, level: str) -> np.ndarray:
+    """Where each of `rows` is in `old` (sorted by the level's order), by key; every one
+    must be there."""
+    names = LEVEL_ORDER[level]
+    old_keys = [old.column(n).to_numpy() for n in names]
+    keys = [rows.column(n).to_numpy() for n in names]
+    at = np.searchsorted(old_keys[0], keys[0], side="left")
+    if len(names) > 1:  # a document's rows are consecutive, its second key from 0
+        at = at + keys[1]
+    inside = at < len(old_keys[0])
+    found = inside.all() and all(np.array_equal(o[at], k) for o, k in zip(old_keys, keys,
+                                                                             strict=True))
+    if not found:
+        raise StoreError(f"delta: a kept {level} row is not in the file that covers its "
+                         "key; nothing was committed")
+    return at
 
 
 def _delta_schema(schema: pa.Schema, level: str) -> Schema:

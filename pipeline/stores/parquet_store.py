@@ -38,6 +38,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import xarray as xr
+from xarray.backends import BackendArray
+from xarray.core import indexing
 
 from ..errors import StoreError
 from ..io.location import Location, resolve
@@ -154,15 +156,10 @@ class _Mapped:
         return (_Mapped, (self.path,))
 
 
-def _dataset(file: Location, dim: str) -> xr.Dataset:
-    """Every column as a dask array read lazily, one block per row group."""
-    return _parts_dataset([file], dim)
+def _dataset(file: Location, dim: str, dask: bool = True) -> xr.Dataset:
+    """Every column read lazily (see `parts_dataset`)."""
+    return parts_dataset([file], dim, dask)
 
-
-def file_dataset(file: Path | Location, dim: str) -> xr.Dataset:
-    """One Parquet file (a store level or a staged part, local or on an object store) as a
-    lazy dataset along `dim`."""
-    return _dataset(file if isinstance(file, Location) else resolve(str(file)), dim)
 
 
 # A vector column stored as a variable list (a Delta table has no fixed-size list, nor
@@ -216,39 +213,101 @@ def _with_column(file: Location, source: str, name: str,
         yield table
 
 
-def _parts_dataset(files: Sequence[Location], dim: str) -> xr.Dataset:
-    """Every column of a folder of part files as dask arrays, one block per row group,
-    the files concatenated in the given order."""
-    import dask  # why here: opening a Zarr store (which needs no dask) imports this module
-    import dask.array as da
-
-    blocks: dict[str, list[da.Array]] = {}
-    empty: dict[str, tuple[tuple[str, ...], np.ndarray]] = {}
+def parts_dataset(files: Sequence[Location], dim: str, dask: bool = True) -> xr.Dataset:
+    """Every column of a folder of part files, the files concatenated in the given order:
+    as dask arrays, one block per row group, or (`dask=False`) as arrays read on indexing,
+    only the row groups the index touches (no task graph: reading a few rows of a
+    thousand-file table through dask cost a tenth of a second in graph work per read)."""
+    columns: dict[str, _PartsColumn] = {}
     for file in files:
         # local files are mapped: a reader keeps the version it opened (see the docstring)
         source: _Mapped | str = _Mapped(file.path) if file.local else file.url
         pf = _open(source)
         footer = _Footer(pf.metadata)
-        group_rows = [pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)]
+        groups = [(source, footer, g, pf.metadata.row_group(g).num_rows)
+                  for g in range(pf.num_row_groups)]
         for field in pf.schema_arrow:
-            nulls = False
-            vector = vector_of(field)
-            if vector is not None:
-                width, dtype = vector
-                dims: tuple[str, ...] = (dim, f"{field.name}_dim")
-            else:
-                width, dims = 0, (dim,)
-                nulls = has_nulls(pf.metadata, field.name)
-                dtype = numpy_dtype(field.type, nulls)
-            empty.setdefault(field.name, (dims, np.empty((0, width) if width else (0,), dtype)))
-            blocks.setdefault(field.name, []).extend(
-                da.from_delayed(dask.delayed(_read_block)(source, g, field.name, nulls,
-                                                          vector, footer),
-                                shape=(rows, width) if width else (rows,), dtype=dtype)
-                for g, rows in enumerate(group_rows))
-    return xr.Dataset({
-        name: (dims, da.concatenate(blocks[name]) if blocks[name] else da.from_array(zero))
-        for name, (dims, zero) in empty.items()})
+            if field.name not in columns:
+                columns[field.name] = _PartsColumn(field, dim)
+            columns[field.name].add(groups, field, has_nulls(pf.metadata, field.name))
+    return xr.Dataset({name: column.variable(dask) for name, column in columns.items()})
+
+
+class _PartsColumn(BackendArray):
+    """One column of a level's part files, read row group by row group as indexed (the
+    last group read kept: a level is mostly read in runs of consecutive rows)."""
+
+    def __init__(self, field: pa.Field, dim: str):
+        self.name = field.name
+        self.vector = vector_of(field)
+        self.width = self.vector[0] if self.vector is not None else 0
+        self.dims: tuple[str, ...] = (dim, f"{field.name}_dim") if self.vector else (dim,)
+        self.dtype = np.dtype(self.vector[1]) if self.vector else numpy_dtype(field.type, False)
+        self.nulls = False
+        self.groups: list[tuple[_Mapped | str, _Footer, int, int]] = []
+        self._held: tuple[int, np.ndarray] | None = None
+
+    def add(self, groups: list[tuple[_Mapped | str, _Footer, int, int]], field: pa.Field,
+            nulls: bool) -> None:
+        """A file's row groups of this column; the column's dtype is the one all its files'
+        values fit (a file with nulls in an integer column: float64, NaN for nulls)."""
+        nulls = nulls and self.vector is None
+        dtype = np.dtype(self.vector[1]) if self.vector else numpy_dtype(field.type, nulls)
+        self.dtype = np.result_type(self.dtype, dtype)
+        self.nulls = self.nulls or nulls
+        self.groups += groups
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        rows = sum(n for *_, n in self.groups)
+        return (rows, self.width) if self.width else (rows,)
+
+    def variable(self, dask: bool) -> xr.Variable:
+        if not dask:
+            return xr.Variable(self.dims, indexing.LazilyIndexedArray(self))
+        import dask as dask_  # why here: opening a Zarr store (no dask) imports this module
+        import dask.array as da
+
+        blocks = [da.from_delayed(dask_.delayed(_read_typed)(source, g, self.name, self.nulls,
+                                                             self.vector, footer, self.dtype),
+                                  shape=(n, self.width) if self.width else (n,),
+                                  dtype=self.dtype)
+                  for source, footer, g, n in self.groups]
+        return xr.Variable(self.dims, da.concatenate(blocks) if blocks
+                           else da.from_array(np.empty(self.shape, self.dtype)))
+
+    def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
+        return indexing.explicit_indexing_adapter(key, self.shape,
+                                                  indexing.IndexingSupport.OUTER_1VECTOR,
+                                                  self._read)
+
+    def _read(self, key: tuple[Any, ...]) -> np.ndarray:
+        first, rest = key[0], key[1:]
+        n = self.shape[0]
+        rows = np.arange(n)[first] if isinstance(first, slice) else \
+            np.atleast_1d(np.asarray(first, np.int64))
+        starts = np.cumsum([0] + [g[3] for g in self.groups])
+        group_of = np.searchsorted(starts, rows, side="right") - 1
+        out = np.empty((len(rows), self.width) if self.width else (len(rows),), self.dtype)
+        for g in np.unique(group_of):
+            where = group_of == g
+            out[where] = self._group(int(g))[rows[where] - starts[g]]
+        out = out[(slice(None), *rest)] if rest else out
+        return out[0] if np.ndim(first) == 0 and not isinstance(first, slice) else out
+
+    def _group(self, g: int) -> np.ndarray:
+        if self._held is None or self._held[0] != g:
+            source, footer, group, _ = self.groups[g]
+            self._held = (g, _read_typed(source, group, self.name, self.nulls, self.vector,
+                                         footer, self.dtype))
+        return self._held[1]
+
+
+def _read_typed(file: _Mapped | str, group: int, column: str, nulls: bool,
+                vector: tuple[int, np.dtype] | None, footer: _Footer, dtype: np.dtype
+                ) -> np.ndarray:
+    """A row group's values of `column` as `dtype` (the column's across its files)."""
+    return _read_block(file, group, column, nulls, vector, footer).astype(dtype, copy=False)
 
 
 def _metadata(file: Location) -> dict[str, Any] | None:
@@ -406,16 +465,15 @@ class ParquetFormat(StoreFormat):
                 for name in LEVEL_FILES if root.child(name).is_file()}
 
     def open_datasets(self, dask: bool = True) -> tuple[xr.Dataset, xr.Dataset | None]:
-        # dask either way: a block per row group is how a Parquet file is read lazily
-        docs = _dataset(level_file(self.location, "docs"), "doc")
+        docs = _dataset(level_file(self.location, "docs"), "doc", dask)
         docs = docs.set_coords("id")
         chunks_file = level_file(self.location, "chunks")
-        chunks = _dataset(chunks_file, "chunk") if chunks_file.exists() else None
+        chunks = _dataset(chunks_file, "chunk", dask) if chunks_file.exists() else None
         return docs, chunks
 
     def open_tokens(self, dask: bool = True) -> xr.Dataset | None:
         parts = self.location.child(TOKENS_DIR).glob("part-*.parquet")
-        return _parts_dataset(parts, "piece") if parts else None
+        return parts_dataset(parts, "piece", dask) if parts else None
 
     # ---- post-processed views --------------------------------------------------------
 
