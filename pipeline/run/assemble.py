@@ -136,6 +136,7 @@ def streamed_version(a: Assembly, budget: int) -> tuple[StreamedVersion, dict[st
         columns={level: found[level].columns(vector_fields) for level in levels},
         widths={level: found[level].widths for level in levels},
         same={level: same[level] for level in levels}, kept=_kept(a.changes),
+        store_row=a.changes.store_row,
         chunk_counts=a.counts, blocks=blocks)
     return streamed, stats.counts
 

@@ -102,6 +102,7 @@ class StreamedVersion:
     widths: dict[str, dict[str, int]]
     same: dict[str, dict[str, np.ndarray]]
     kept: np.ndarray
+    store_row: np.ndarray  # per docs row of the new version, its id's current row, or -1
     chunk_counts: np.ndarray  # per docs row of the new version, its rows of the chunks level
     blocks: Callable[[Unwritten], Iterator[dict[str, pa.Table | None]]]
 

@@ -101,6 +101,7 @@ class _DataFile:
     path: str
     rows: int
     first: int | None  # the smallest value of the level's first order column
+    last: int | None = None  # the largest
 
 
 @dataclass
@@ -250,19 +251,17 @@ class DeltaFormat(ParquetFormat):
         files: list[_DataFile] = []
         if table is not None:
             actions = pa.table(table.get_add_actions(flatten=True))
-            first = f"min.{LEVEL_ORDER[level][0]}"
-            mins = actions.column(first).to_pylist() if first in actions.column_names \
-                else [None] * actions.num_rows
-            files = [_DataFile(path, int(rows), low) for path, rows, low in zip(
+            mins, maxes = (actions.column(f"{end}.{LEVEL_ORDER[level][0]}").to_pylist()
+                           if f"{end}.{LEVEL_ORDER[level][0]}" in actions.column_names
+                           else [None] * actions.num_rows for end in ("min", "max"))
+            files = [_DataFile(path, int(rows), low, high) for path, rows, low, high in zip(
                 actions.column("path").to_pylist(), actions.column("num_records").to_pylist(),
-                mins, strict=True)]
+                mins, maxes, strict=True)]
         pending = self._pending.get(level)
         if pending is not None:
             gone = {f.path for f in pending.removes}
             files = [] if pending.replace else [f for f in files if f.path not in gone]
-            files += [_DataFile(a.path, json.loads(a.stats)["numRecords"],
-                                json.loads(a.stats)["minValues"].get(LEVEL_ORDER[level][0]))
-                      for a in pending.adds]
+            files += [_pending_file(a, LEVEL_ORDER[level][0]) for a in pending.adds]
         return sorted(files, key=lambda f: (f.first is None, f.first or 0))
 
     def _levels(self) -> list[str]:
@@ -497,7 +496,7 @@ class DeltaFormat(ParquetFormat):
         but for the columns carried from the input. Nothing is committed before
         `publish`."""
         self._begin_write()
-        keys = _RowKeys.of(self)
+        keys = _RowKeys.of(self, streamed.store_row)
         kept = streamed.kept >= 0
         patches = {level: _LevelPatch(self, level, keys.next, set(streamed.same[level]))
                    for level in streamed.rows}
@@ -511,7 +510,7 @@ class DeltaFormat(ParquetFormat):
             assert docs is not None  # every block has its documents
             docs = streamed.columns["docs"].conform(docs)
             positions = docs.column("row").to_numpy()
-            row_keys = keys.assign(docs)
+            row_keys = keys.assign(positions)
             docs = docs.set_column(docs.column_names.index("row"), "row", pa.array(row_keys))
             patches["docs"].add(delta_form(docs), kept[positions])
             chunks = block.get("chunks")
@@ -688,32 +687,28 @@ class DeltaFormat(ParquetFormat):
 
 
 class _RowKeys:
-    """Each row of the new version keeps its `row` (the current version's, matched by id);
-    a new row gets the next free one, so rows stay in the store's order."""
+    """Each row of the new version keeps the `row` of its id's row in the current version
+    (`StreamedVersion.store_row`); a new row gets the next free one, so rows stay in the
+    store's order."""
 
-    def __init__(self, ids: pa.Array, rows: np.ndarray):
-        self.ids, self.rows = ids, rows
-        self.next = int(rows.max()) + 1 if len(rows) else 0
+    def __init__(self, keys: np.ndarray, store_row: np.ndarray):
+        self.keys, self.store_row = keys, store_row
+        self.next = int(keys[-1]) + 1 if len(keys) else 0
         self.last = -1
 
     @classmethod
-    def of(cls, fmt: DeltaFormat) -> _RowKeys:
-        parts = [fmt._read_file("docs", f.path, ["id", "row"]) for f in fmt._files("docs")]
-        if not parts:
-            return cls(pa.array([]), np.zeros(0, np.int64))
-        table = pa.concat_tables(parts)
-        return cls(table.column("id").combine_chunks(), table.column("row").to_numpy())
+    def of(cls, fmt: DeltaFormat, store_row: np.ndarray) -> _RowKeys:
+        """The current version's keys in its order (the order it is read in)."""
+        keys = [_file_keys(fmt, f) for f in fmt._files("docs") if f.rows]
+        return cls(np.sort(np.concatenate(keys)) if keys else np.zeros(0, np.int64),
+                   store_row)
 
-    def assign(self, docs: pa.Table) -> np.ndarray:
-        ids = docs.column("id").combine_chunks()
-        try:
-            found = pc.index_in(ids, value_set=self.ids.cast(ids.type))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            found = pa.nulls(len(ids), pa.int32())  # another id type: every row is new
-        at = found.to_numpy(zero_copy_only=False)
-        known = ~np.isnan(at.astype(np.float64))
-        keys = np.empty(len(ids), np.int64)
-        keys[known] = self.rows[at[known].astype(np.int64)]
+    def assign(self, positions: np.ndarray) -> np.ndarray:
+        """The keys of the new version's rows at `positions` (a block, in order)."""
+        was = self.store_row[positions]
+        known = was >= 0
+        keys = np.empty(len(positions), np.int64)
+        keys[known] = self.keys[was[known]]
         fresh = int((~known).sum())
         keys[~known] = self.next + np.arange(fresh)
         self.next += fresh
@@ -723,6 +718,15 @@ class _RowKeys:
                              "committed")
         self.last = int(keys[-1]) if len(keys) else self.last
         return keys
+
+
+def _file_keys(fmt: DeltaFormat, file: _DataFile) -> np.ndarray:
+    """The `row` keys of a docs file: the range its statistics give where it holds each
+    key of it once (as bertpipe writes them), else read."""
+    if file.first is not None and file.last is not None and \
+            file.last - file.first + 1 == file.rows:
+        return np.arange(file.first, file.last + 1)
+    return fmt._read_file("docs", file.path, ["row"]).column("row").to_numpy()
 
 
 class _LevelPatch:
@@ -882,6 +886,12 @@ def _delta_schema(schema: pa.Schema, level: str) -> Schema:
                              f"type {f.type} ({_first_line(exc)}); carry it as another type or "
                              "use output.format: parquet") from None
     return Schema.from_arrow(schema)
+
+
+def _pending_file(action: AddAction, key: str) -> _DataFile:
+    stats = json.loads(action.stats)
+    return _DataFile(action.path, stats["numRecords"], stats["minValues"].get(key),
+                     stats["maxValues"].get(key))
 
 
 def _comparable(schema: pa.Schema) -> list[tuple[str, pa.DataType, bytes | None]]:

@@ -246,6 +246,7 @@ class _PartsColumn(BackendArray):
         self.nulls = False
         self.groups: list[tuple[_Mapped | str, _Footer, int, int]] = []
         self._held: tuple[int, np.ndarray] | None = None
+        self._starts_of: np.ndarray | None = None
 
     def add(self, groups: list[tuple[_Mapped | str, _Footer, int, int]], field: pa.Field,
             nulls: bool) -> None:
@@ -259,8 +260,16 @@ class _PartsColumn(BackendArray):
 
     @property
     def shape(self) -> tuple[int, ...]:
-        rows = sum(n for *_, n in self.groups)
+        rows = int(self._starts[-1])
         return (rows, self.width) if self.width else (rows,)
+
+    @property
+    def _starts(self) -> np.ndarray:
+        """Each row group's first row (and, last, the rows of all), computed once the
+        groups are all added."""
+        if self._starts_of is None or len(self._starts_of) != len(self.groups) + 1:
+            self._starts_of = np.cumsum([0] + [g[3] for g in self.groups])
+        return self._starts_of
 
     def variable(self, dask: bool) -> xr.Variable:
         if not dask:
@@ -283,10 +292,9 @@ class _PartsColumn(BackendArray):
 
     def _read(self, key: tuple[Any, ...]) -> np.ndarray:
         first, rest = key[0], key[1:]
-        n = self.shape[0]
-        rows = np.arange(n)[first] if isinstance(first, slice) else \
+        rows = np.arange(*first.indices(self.shape[0])) if isinstance(first, slice) else \
             np.atleast_1d(np.asarray(first, np.int64))
-        starts = np.cumsum([0] + [g[3] for g in self.groups])
+        starts = self._starts
         group_of = np.searchsorted(starts, rows, side="right") - 1
         out = np.empty((len(rows), self.width) if self.width else (len(rows),), self.dtype)
         for g in np.unique(group_of):
