@@ -59,7 +59,14 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 from ..errors import StoreError
 from ..io.location import Location, resolve
 from .base import StagedLevel, StreamedVersion, column_matrix
-from .parquet_store import DTYPE_KEY, READ_ERRORS, WIDTH_KEY, ParquetFormat, parts_dataset
+from .parquet_store import (
+    DTYPE_KEY,
+    READ_ERRORS,
+    WIDTH_KEY,
+    ParquetFormat,
+    dataset_of,
+    parts_columns,
+)
 from .parquet_store import _write as write_parquet
 from .provenance import FileSum, is_complete, version_of
 
@@ -604,34 +611,41 @@ class DeltaFormat(ParquetFormat):
         return {level: (level, sum(f.rows for f in self._files(level)))
                 for level in self._levels() if level != "tokens"}
 
-    def _dataset(self, level: str, dask: bool = True) -> xr.Dataset | None:
-        """A level lazily, in its order (see the module docstring); None without it."""
+    def _dataset(self, level: str, dask: bool = True
+                 ) -> tuple[xr.Dataset, dict[str, np.ndarray]] | None:
+        """A level lazily, in its order (see the module docstring), and its order columns
+        read; None without it."""
         if level not in self._levels():
             return None
         files = [self.location.child(level, f.path) for f in self._files(level)]
-        data = parts_dataset(files, LEVEL_DIMS[level], dask)
+        columns = parts_columns(files, LEVEL_DIMS[level])
+        data = dataset_of(columns, dask)
         if not data.data_vars:
-            return data
-        order = [np.asarray(data[name].values) for name in LEVEL_ORDER[level]]
-        rank = np.lexsort(order[::-1])
+            return data, {}
+        keys = {name: columns[name].values for name in LEVEL_ORDER[level]}
+        rank = np.lexsort([keys[name] for name in LEVEL_ORDER[level]][::-1])
         if not np.array_equal(rank, np.arange(len(rank))):  # written by another tool
             data = data.isel({LEVEL_DIMS[level]: rank})
-        return data
+            keys = {name: values[rank] for name, values in keys.items()}
+        return data, keys
 
     def open_datasets(self, dask: bool = True) -> tuple[xr.Dataset, xr.Dataset | None]:
-        docs = self._dataset("docs", dask)
-        if docs is None:
+        found = self._dataset("docs", dask)
+        if found is None:
             raise StoreError(f"{self.path}: no docs table")
-        rows = np.asarray(docs["row"].values)
-        docs = docs.drop_vars("row").set_coords("id")
-        chunks = self._dataset("chunks", dask)
+        docs, keys = found
+        rows = keys.get("row", np.zeros(0, np.int64))
+        docs = docs.drop_vars("row", errors="ignore").set_coords("id")
+        found = self._dataset("chunks", dask)
+        chunks, chunk_keys = found if found is not None else (None, {})
         if chunks is not None and "doc" in chunks:
             # `doc` names a docs `row`; readers of a store count documents by position
-            chunks["doc"] = (("chunk",), np.searchsorted(rows, np.asarray(chunks["doc"].values)))
+            chunks["doc"] = (("chunk",), np.searchsorted(rows, chunk_keys["doc"]))
         return docs, chunks
 
     def open_tokens(self, dask: bool = True) -> xr.Dataset | None:
-        return self._dataset("tokens", dask)
+        found = self._dataset("tokens", dask)
+        return found[0] if found is not None else None
 
     # ---- versions --------------------------------------------------------------------
 

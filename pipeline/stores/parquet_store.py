@@ -218,7 +218,16 @@ def parts_dataset(files: Sequence[Location], dim: str, dask: bool = True) -> xr.
     as dask arrays, one block per row group, or (`dask=False`) as arrays read on indexing,
     only the row groups the index touches (no task graph: reading a few rows of a
     thousand-file table through dask cost a tenth of a second in graph work per read)."""
-    columns: dict[str, _PartsColumn] = {}
+    return dataset_of(parts_columns(files, dim), dask)
+
+
+def dataset_of(columns: dict[str, PartsColumn], dask: bool) -> xr.Dataset:
+    return xr.Dataset({name: column.variable(dask) for name, column in columns.items()})
+
+
+def parts_columns(files: Sequence[Location], dim: str) -> dict[str, PartsColumn]:
+    """Each column of the part files, in the given order (see `parts_dataset`)."""
+    columns: dict[str, PartsColumn] = {}
     for file in files:
         # local files are mapped: a reader keeps the version it opened (see the docstring)
         source: _Mapped | str = _Mapped(file.path) if file.local else file.url
@@ -228,14 +237,15 @@ def parts_dataset(files: Sequence[Location], dim: str, dask: bool = True) -> xr.
                   for g in range(pf.num_row_groups)]
         for field in pf.schema_arrow:
             if field.name not in columns:
-                columns[field.name] = _PartsColumn(field, dim)
+                columns[field.name] = PartsColumn(field, dim)
             columns[field.name].add(groups, field, has_nulls(pf.metadata, field.name))
-    return xr.Dataset({name: column.variable(dask) for name, column in columns.items()})
+    return columns
 
 
-class _PartsColumn(BackendArray):
+class PartsColumn(BackendArray):
     """One column of a level's part files, read row group by row group as indexed (the
-    last group read kept: a level is mostly read in runs of consecutive rows)."""
+    last group read kept: a level is mostly read in runs of consecutive rows). Indexed by
+    xarray (explicit indexers) or by dask (a tuple of slices, one block per row group)."""
 
     def __init__(self, field: pa.Field, dim: str):
         self.name = field.name
@@ -274,18 +284,36 @@ class _PartsColumn(BackendArray):
     def variable(self, dask: bool) -> xr.Variable:
         if not dask:
             return xr.Variable(self.dims, indexing.LazilyIndexedArray(self))
-        import dask as dask_  # why here: opening a Zarr store (no dask) imports this module
-        import dask.array as da
+        import dask.array as da  # why here: opening a Zarr store (no dask) imports this module
 
-        blocks = [da.from_delayed(dask_.delayed(_read_typed)(source, g, self.name, self.nulls,
-                                                             self.vector, footer, self.dtype),
-                                  shape=(n, self.width) if self.width else (n,),
-                                  dtype=self.dtype)
-                  for source, footer, g, n in self.groups]
-        return xr.Variable(self.dims, da.concatenate(blocks) if blocks
-                           else da.from_array(np.empty(self.shape, self.dtype)))
+        if not self.groups:
+            return xr.Variable(self.dims, da.from_array(np.empty(self.shape, self.dtype)))
+        # one graph layer of a block per row group, named by the files it reads (building
+        # a delayed read per row group and column cost 10 s at a thousand files)
+        blocks = (tuple(int(n) for *_, n in self.groups), *((self.width,) if self.width else ()))
+        array = da.from_array(self, chunks=blocks, name=f"parquet-{self.name}-{self.token()}",
+                              lock=False, asarray=False, fancy=False,
+                              meta=np.empty((0,) * len(self.dims), self.dtype))
+        return xr.Variable(self.dims, array)
 
-    def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
+    def token(self) -> str:
+        from dask.base import tokenize
+
+        return tokenize(self.name, str(self.dtype), self.nulls,
+                        [(getattr(source, "token", source), group)
+                         for source, _, group, _ in self.groups])
+
+    def __getstate__(self) -> dict[str, Any]:  # sent to a Dask worker without its cache
+        return {**self.__dict__, "_held": None}
+
+    @property
+    def values(self) -> np.ndarray:
+        """Every row, read once."""
+        return self._read((slice(None),))
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        if not isinstance(key, indexing.ExplicitIndexer):  # dask: a block's slices
+            return self._read(key if isinstance(key, tuple) else (key,))
         return indexing.explicit_indexing_adapter(key, self.shape,
                                                   indexing.IndexingSupport.OUTER_1VECTOR,
                                                   self._read)
@@ -304,11 +332,13 @@ class _PartsColumn(BackendArray):
         return out[0] if np.ndim(first) == 0 and not isinstance(first, slice) else out
 
     def _group(self, g: int) -> np.ndarray:
-        if self._held is None or self._held[0] != g:
+        held = self._held  # once: another thread may replace it meanwhile
+        if held is None or held[0] != g:
             source, footer, group, _ = self.groups[g]
-            self._held = (g, _read_typed(source, group, self.name, self.nulls, self.vector,
-                                         footer, self.dtype))
-        return self._held[1]
+            held = (g, _read_typed(source, group, self.name, self.nulls, self.vector, footer,
+                                   self.dtype))
+            self._held = held
+        return held[1]
 
 
 def _read_typed(file: _Mapped | str, group: int, column: str, nulls: bool,
