@@ -622,7 +622,7 @@ class DeltaFormat(ParquetFormat):
         data = dataset_of(columns, dask)
         if not data.data_vars:
             return data, {}
-        keys = {name: columns[name].values for name in LEVEL_ORDER[level]}
+        keys = {name: columns[name].read_whole() for name in LEVEL_ORDER[level]}
         rank = np.lexsort([keys[name] for name in LEVEL_ORDER[level]][::-1])
         if not np.array_equal(rank, np.arange(len(rank))):  # written by another tool
             data = data.isel({LEVEL_DIMS[level]: rank})
