@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.errors import StoreError
 from pipeline.io.location import resolve
 from pipeline.stores.parquet_store import DTYPE_KEY, WIDTH_KEY, parts_dataset
 
@@ -83,3 +84,30 @@ def test_no_files_and_files_of_no_rows(tmp_path: Path) -> None:
     pq.write_table(pa.table({"count": pa.array([], pa.int64())}), path)
     data = parts_dataset([resolve(str(path))], "doc", dask=False)
     assert data["count"].shape == (0,) and data["count"].values.dtype == np.int64
+
+
+def test_files_of_no_rows_between_others_index_with_dask(tmp_path: Path) -> None:
+    """A file (or row group) of no rows is no dask block: fancy indexing across it works."""
+    files = []
+    for k, n in enumerate([1, 0, 1]):
+        files.append(tmp_path / f"z{k}.parquet")
+        pq.write_table(pa.table({"x": np.arange(n) + 10 * k}), files[-1])
+    for dask in (True, False):
+        data = parts_dataset([resolve(str(f)) for f in files], "piece", dask=dask)
+        assert data["x"].isel(piece=[1, 0]).values.tolist() == [20, 0]
+
+
+def test_integers_beyond_float64_beside_nulls_are_refused_by_name(tmp_path: Path) -> None:
+    """An integer column with a null reads as float64 (NaN for the null); a value float64
+    cannot hold exactly is refused, naming the column, never rounded."""
+    first, second = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    pq.write_table(pa.table({"big": pa.array([2**60 + 1, 2**60 + 3], pa.int64())}), first)
+    pq.write_table(pa.table({"big": pa.array([None, 5], pa.int64())}), second)
+    for dask in (True, False):
+        data = parts_dataset([resolve(str(first)), resolve(str(second))], "doc", dask=dask)
+        with pytest.raises(StoreError, match="column big"):
+            np.asarray(data["big"][:2].values)
+    small = tmp_path / "c.parquet"
+    pq.write_table(pa.table({"big": pa.array([2**52 + 1, 7], pa.int64())}), small)
+    data = parts_dataset([resolve(str(small)), resolve(str(second))], "doc", dask=False)
+    assert data["big"].values[0] == 2**52 + 1 and np.isnan(data["big"].values[2])

@@ -199,7 +199,12 @@ def _read_block(file: _Mapped | str, group: int, column: str, nulls: bool,
         width, dtype = vector
         flat = col.combine_chunks().flatten().to_numpy(zero_copy_only=False)
         return flat.reshape(-1, width).astype(dtype, copy=False)
-    return to_numpy(col, nulls)
+    try:
+        return to_numpy(col, nulls)
+    except pa.ArrowInvalid as exc:  # integers beside nulls read as float64, exactly or not at all
+        raise StoreError(f"{file}: column {column}: {exc}; a column of integers with nulls "
+                         "reads as float64, exact only below 2**53 (carry such ids as "
+                         "strings)") from None
 
 
 def _with_column(file: Location, source: str, name: str,
@@ -292,11 +297,13 @@ class PartsColumn(BackendArray):
             return xr.Variable(self.dims, indexing.LazilyIndexedArray(self))
         import dask.array as da  # why here: opening a Zarr store (no dask) imports this module
 
-        if not self.groups:
+        if not self.shape[0]:
             return xr.Variable(self.dims, da.from_array(np.empty(self.shape, self.dtype)))
         # one graph layer of a block per row group, named by the files it reads (building
-        # a delayed read per row group and column cost 10 s at a thousand files)
-        blocks = (tuple(int(n) for *_, n in self.groups), *((self.width,) if self.width else ()))
+        # a delayed read per row group and column cost 10 s at a thousand files); a group
+        # of no rows is no block (dask's indexing fails on empty blocks)
+        blocks = (tuple(int(n) for *_, n in self.groups if n),
+                  *((self.width,) if self.width else ()))
         array = da.from_array(self, chunks=blocks, name=f"parquet-{self.name}-{self.token()}",
                               lock=False, asarray=False, fancy=False,
                               meta=np.empty((0,) * len(self.dims), self.dtype))
@@ -322,12 +329,14 @@ class PartsColumn(BackendArray):
 
     def __getitem__(self, key: Any) -> np.ndarray:
         if not isinstance(key, indexing.ExplicitIndexer):  # dask: a block's slices
-            return self._read(key if isinstance(key, tuple) else (key,))
+            return self._read(key if isinstance(key, tuple) else (key,), keep=False)
         return indexing.explicit_indexing_adapter(key, self.shape,
                                                   indexing.IndexingSupport.OUTER_1VECTOR,
                                                   self._read)
 
-    def _read(self, key: tuple[Any, ...]) -> np.ndarray:
+    def _read(self, key: tuple[Any, ...], keep: bool = True) -> np.ndarray:
+        """The rows of `key`; `keep`: hold the last row group read for the next call (not
+        for dask, which reads each block once: the group would stay in memory)."""
         first, rest = key[0], key[1:]
         rows = np.arange(*first.indices(self.shape[0])) if isinstance(first, slice) else \
             np.atleast_1d(np.asarray(first, np.int64))
@@ -336,17 +345,18 @@ class PartsColumn(BackendArray):
         out = np.empty((len(rows), self.width) if self.width else (len(rows),), self.dtype)
         for g in np.unique(group_of):
             where = group_of == g
-            out[where] = self._group(int(g))[rows[where] - starts[g]]
+            out[where] = self._group(int(g), keep)[rows[where] - starts[g]]
         out = out[(slice(None), *rest)] if rest else out
         return out[0] if np.ndim(first) == 0 and not isinstance(first, slice) else out
 
-    def _group(self, g: int) -> np.ndarray:
+    def _group(self, g: int, keep: bool = True) -> np.ndarray:
         held = self._held  # once: another thread may replace it meanwhile
         if held is None or held[0] != g:
             source, footer, group, _ = self.groups[g]
             held = (g, _read_typed(source, group, self.name, self.nulls, self.vector, footer,
                                    self.dtype))
-            self._held = held
+            if keep:
+                self._held = held
         return held[1]
 
 
