@@ -221,6 +221,25 @@ def _chunks_by_id(store: Any, view: str) -> dict[str, np.ndarray]:
     return {key: vectors[ids == key] for key in np.unique(ids)}
 
 
+def test_an_update_after_a_night_of_empty_texts_only(tmp_path: Path, tiny_bert: Path) -> None:
+    """Night one's texts are all empty (no chunk at all: a chunks table of no files); on
+    night two one gets a text. Its chunks are written (none was kept back for a file that
+    does not exist) and the store equals a run from scratch."""
+    source = _input(tmp_path / "in.parquet", ["", ""])
+    job = _job(tmp_path, tiny_bert, source)
+    run_job(job)
+    assert pipeline.open_store(job.output.path).chunks.sizes.get("chunk", 0) == 0
+    _input(source, ["the drug worked very well for my pain, and quickly", ""])
+    summary = run_job(job, incremental=True)
+    assert (summary.replaced, summary.encoded) == (1, 1)
+    assert verify_store(job.output.path) == []
+    scratch = _job(tmp_path, tiny_bert, source, name="scratch")
+    run_job(scratch)
+    now, fresh = pipeline.open_store(job.output.path), pipeline.open_store(scratch.output.path)
+    assert now.chunks.sizes["chunk"] == fresh.chunks.sizes["chunk"] > 0
+    assert_same_results(now, fresh)
+
+
 @pytest.mark.slow  # a dozen updates
 def test_checkpoints_bound_the_log_and_every_version_stays_readable(
         tmp_path: Path, tiny_bert: Path) -> None:

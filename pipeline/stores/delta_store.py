@@ -64,6 +64,7 @@ from .parquet_store import (
     READ_ERRORS,
     WIDTH_KEY,
     ParquetFormat,
+    PartsColumn,
     dataset_of,
     parts_columns,
 )
@@ -618,7 +619,7 @@ class DeltaFormat(ParquetFormat):
         if level not in self._levels():
             return None
         files = [self.location.child(level, f.path) for f in self._files(level)]
-        columns = parts_columns(files, LEVEL_DIMS[level])
+        columns = parts_columns(files, LEVEL_DIMS[level]) if files else self._no_rows(level)
         data = dataset_of(columns, dask)
         if not data.data_vars:
             return data, {}
@@ -628,6 +629,13 @@ class DeltaFormat(ParquetFormat):
             data = data.isel({LEVEL_DIMS[level]: rank})
             keys = {name: values[rank] for name, values in keys.items()}
         return data, keys
+
+    def _no_rows(self, level: str) -> dict[str, PartsColumn]:
+        """A table of no files (a level none of whose rows has any: every text empty) as
+        its columns of no rows, typed by the table's schema."""
+        table = self._state(level)
+        schema = pa.schema(table.schema()) if table is not None else pa.schema([])
+        return {f.name: PartsColumn(f, LEVEL_DIMS[level]) for f in schema}
 
     def open_datasets(self, dask: bool = True) -> tuple[xr.Dataset, xr.Dataset | None]:
         found = self._dataset("docs", dask)
@@ -769,7 +777,9 @@ class _LevelPatch:
     def add(self, table: pa.Table, kept: np.ndarray) -> None:
         table = self._aligned(table)
         keys = table.column(self.key).to_numpy()
-        old = int(np.searchsorted(keys, self.boundary, side="left"))
+        # rows of current documents go to the file covering their key; with no file at
+        # all (a level that had no rows: every text empty), every row is new to the level
+        old = int(np.searchsorted(keys, self.boundary, side="left")) if self.files else 0
         if old:
             buckets = np.maximum(np.searchsorted(self.starts, keys[:old], side="right") - 1, 0)
             for b in np.unique(buckets):
