@@ -12,7 +12,13 @@ import pytest
 
 from pipeline.errors import StoreError
 from pipeline.io.location import resolve
-from pipeline.stores.parquet_store import DTYPE_KEY, WIDTH_KEY, parts_dataset
+from pipeline.stores.parquet_store import (
+    DTYPE_KEY,
+    WIDTH_KEY,
+    dataset_of,
+    parts_columns,
+    parts_dataset,
+)
 
 WIDTH = 3
 
@@ -111,3 +117,15 @@ def test_integers_beyond_float64_beside_nulls_are_refused_by_name(tmp_path: Path
     pq.write_table(pa.table({"big": pa.array([2**52 + 1, 7], pa.int64())}), small)
     data = parts_dataset([resolve(str(small)), resolve(str(second))], "doc", dask=False)
     assert data["big"].values[0] == 2**52 + 1 and np.isnan(data["big"].values[2])
+
+
+def test_dask_reads_leave_no_row_group_held_and_indexed_reads_keep_one(tmp_path: Path) -> None:
+    """Dask reads each block once: a column read through dask holds none of it after; an
+    indexed read keeps the last row group it read (the next run of rows is mostly in it)."""
+    files, want = _files(tmp_path)
+    columns = parts_columns([resolve(str(f)) for f in files], "doc")
+    np.testing.assert_array_equal(dataset_of(columns, dask=True)["fixed"].values, want["fixed"])
+    assert columns["fixed"]._held is None
+    np.testing.assert_array_equal(dataset_of(columns, dask=False)["fixed"][9:11].values,
+                                  want["fixed"][9:11])
+    assert columns["fixed"]._held is not None

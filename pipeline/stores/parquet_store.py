@@ -102,10 +102,12 @@ def _writer(file: IO[bytes], schema: pa.Schema,
     )
 
 
-def _open(file: Location | str | _Mapped, footer: _Footer | None = None) -> pq.ParquetFile:
+def _open(file: Location | str | _Mapped, footer: pq.FileMetaData | None = None
+          ) -> pq.ParquetFile:
     """A stored file, its page checksums verified on read; damage is a StoreError. A
     remote file is read by ranged reads of what is asked for (the footer, unless given
-    already parsed; a row group); a mapped one from its mapping."""
+    already parsed: a dataset parses each file's once, not once per column and row group;
+    a row group); a mapped one from its mapping."""
     if isinstance(file, _Mapped):
         loc: Any = file
         source: Any = pa.BufferReader(file.buffer)
@@ -114,22 +116,9 @@ def _open(file: Location | str | _Mapped, footer: _Footer | None = None) -> pq.P
     try:
         if not isinstance(file, _Mapped):
             source = loc.path if loc.local else loc.open("rb")
-        return pq.ParquetFile(source, page_checksum_verification=True,
-                              metadata=footer.metadata if footer else None)
+        return pq.ParquetFile(source, page_checksum_verification=True, metadata=footer)
     except READ_ERRORS as exc:
         raise StoreError(f"{loc}: damaged Parquet file ({exc})") from None
-
-
-class _Footer:
-    """A file's footer, parsed when a dataset is opened and handed to each of its block
-    reads, so that it is parsed (on an object store: fetched) once per file, not once per
-    column and row group (an update read each file of a Delta table 89 times)."""
-
-    def __init__(self, metadata: pq.FileMetaData):
-        self.metadata = metadata
-
-    def __dask_tokenize__(self) -> str:  # the block's file is in its name already
-        return "parquet-footer"
 
 
 class _Mapped:
@@ -155,9 +144,6 @@ class _Mapped:
     def __str__(self) -> str:
         return self.path
 
-    def __dask_tokenize__(self) -> tuple[Any, ...]:
-        return self.token
-
     def __reduce__(self) -> tuple[Any, ...]:  # another process maps the file anew
         return (_Mapped, (self.path,))
 
@@ -165,7 +151,6 @@ class _Mapped:
 def _dataset(file: Location, dim: str, dask: bool = True) -> xr.Dataset:
     """Every column read lazily (see `parts_dataset`)."""
     return parts_dataset([file], dim, dask)
-
 
 
 # A vector column stored as a variable list (a Delta table has no fixed-size list, nor
@@ -187,24 +172,26 @@ def vector_of(field: pa.Field) -> tuple[int, np.dtype] | None:
 
 
 def _read_block(file: _Mapped | str, group: int, column: str, nulls: bool,
-                vector: tuple[int, np.dtype] | None = None,
-                footer: _Footer | None = None) -> np.ndarray:
+                vector: tuple[int, np.dtype] | None, footer: pq.FileMetaData,
+                dtype: np.dtype) -> np.ndarray:
+    """A row group's values of `column` as `dtype` (the column's across its files)."""
     try:
         col = _open(file, footer).read_row_group(group, columns=[column]).column(0)
     except READ_ERRORS as exc:
         raise StoreError(f"{file}: column {column}, row group {group}: damaged ({exc})") from None
     if pa.types.is_fixed_size_list(col.type):
-        return column_matrix(col)
-    if vector is not None:
-        width, dtype = vector
+        values = column_matrix(col)
+    elif vector is not None:
         flat = col.combine_chunks().flatten().to_numpy(zero_copy_only=False)
-        return flat.reshape(-1, width).astype(dtype, copy=False)
-    try:
-        return to_numpy(col, nulls)
-    except pa.ArrowInvalid as exc:  # integers beside nulls read as float64, exactly or not at all
-        raise StoreError(f"{file}: column {column}: {exc}; a column of integers with nulls "
-                         "reads as float64, exact only below 2**53 (carry such ids as "
-                         "strings)") from None
+        values = flat.reshape(-1, vector[0])
+    else:
+        try:
+            values = to_numpy(col, nulls)
+        except pa.ArrowInvalid as exc:  # integers beside nulls as float64: exact, or refused
+            raise StoreError(f"{file}: column {column}: {exc}; a column of integers with "
+                             "nulls reads as float64, exact only below 2**53 (carry such "
+                             "ids as strings)") from None
+    return values.astype(dtype, copy=False)
 
 
 def _with_column(file: Location, source: str, name: str,
@@ -243,8 +230,7 @@ def parts_columns(files: Sequence[Location], dim: str) -> dict[str, PartsColumn]
         # local files are mapped: a reader keeps the version it opened (see the docstring)
         source: _Mapped | str = _Mapped(file.path) if file.local else file.url
         metadata = source.metadata if isinstance(source, _Mapped) else _open(source).metadata
-        footer = _Footer(metadata)
-        groups = [(source, footer, g, metadata.row_group(g).num_rows)
+        groups = [(source, metadata, g, metadata.row_group(g).num_rows)
                   for g in range(metadata.num_row_groups)]
         for field in metadata.schema.to_arrow_schema():
             if field.name not in columns:
@@ -265,11 +251,12 @@ class PartsColumn(BackendArray):
         self.dims: tuple[str, ...] = (dim, f"{field.name}_dim") if self.vector else (dim,)
         self.dtype = np.dtype(self.vector[1]) if self.vector else numpy_dtype(field.type, False)
         self.nulls = False
-        self.groups: list[tuple[_Mapped | str, _Footer, int, int]] = []
+        # (file, its footer, row group, rows)
+        self.groups: list[tuple[_Mapped | str, pq.FileMetaData, int, int]] = []
         self._held: tuple[int, np.ndarray] | None = None
         self._starts_of: np.ndarray | None = None
 
-    def add(self, groups: list[tuple[_Mapped | str, _Footer, int, int]], field: pa.Field,
+    def add(self, groups: list[tuple[_Mapped | str, pq.FileMetaData, int, int]], field: pa.Field,
             nulls: bool) -> None:
         """A file's row groups of this column; the column's dtype is the one all its files'
         values fit (a file with nulls in an integer column: float64, NaN for nulls)."""
@@ -323,7 +310,7 @@ class PartsColumn(BackendArray):
         """Every row, read by plain reads of each file by its path, not through its mapping
         (mapped pages stay resident): for files never replaced in place (Delta's, whose
         names are new for new contents)."""
-        blocks = [_read_typed(str(source), group, self.name, self.nulls, self.vector, footer,
+        blocks = [_read_block(str(source), group, self.name, self.nulls, self.vector, footer,
                               self.dtype) for source, footer, group, _ in self.groups]
         return np.concatenate(blocks) if blocks else np.empty(self.shape, self.dtype)
 
@@ -343,9 +330,12 @@ class PartsColumn(BackendArray):
         starts = self._starts
         group_of = np.searchsorted(starts, rows, side="right") - 1
         out = np.empty((len(rows), self.width) if self.width else (len(rows),), self.dtype)
-        for g in np.unique(group_of):
-            where = group_of == g
-            out[where] = self._group(int(g), keep)[rows[where] - starts[g]]
+        # positions by row group, in one sort (a slice's are in order already)
+        order = np.argsort(group_of, kind="stable")
+        for where in np.split(order, np.flatnonzero(np.diff(group_of[order])) + 1):
+            if len(where):
+                g = int(group_of[where[0]])
+                out[where] = self._group(g, keep)[rows[where] - starts[g]]
         out = out[(slice(None), *rest)] if rest else out
         return out[0] if np.ndim(first) == 0 and not isinstance(first, slice) else out
 
@@ -353,18 +343,11 @@ class PartsColumn(BackendArray):
         held = self._held  # once: another thread may replace it meanwhile
         if held is None or held[0] != g:
             source, footer, group, _ = self.groups[g]
-            held = (g, _read_typed(source, group, self.name, self.nulls, self.vector, footer,
+            held = (g, _read_block(source, group, self.name, self.nulls, self.vector, footer,
                                    self.dtype))
             if keep:
                 self._held = held
         return held[1]
-
-
-def _read_typed(file: _Mapped | str, group: int, column: str, nulls: bool,
-                vector: tuple[int, np.dtype] | None, footer: _Footer, dtype: np.dtype
-                ) -> np.ndarray:
-    """A row group's values of `column` as `dtype` (the column's across its files)."""
-    return _read_block(file, group, column, nulls, vector, footer).astype(dtype, copy=False)
 
 
 def _metadata(file: Location) -> dict[str, Any] | None:
