@@ -142,10 +142,9 @@ def streamed_version(a: Assembly, budget: int) -> tuple[StreamedVersion, dict[st
 
 
 def _kept(c: Changes) -> np.ndarray:
-    """Per row, the store row of its id when the row keeps everything of it (results from
-    its own row, so the same text; the same `present` flag), else -1 (StreamedVersion)."""
-    keeps = c.from_store & (c.source == c.store_row) & (c.was_present == (c.input_row >= 0))
-    return np.where(keeps, c.store_row, -1)
+    """Per row, whether it keeps everything of its id's store row: results from that row
+    (so the same text) and the same `present` flag (StreamedVersion)."""
+    return c.from_store & (c.source == c.store_row) & (c.was_present == (c.input_row >= 0))
 
 
 def _same(a: Assembly) -> dict[str, dict[str, np.ndarray]]:

@@ -92,16 +92,16 @@ class StreamedVersion:
     read from the current version, so that an update reads and writes what changed.
 
     `kept` says the same by id rather than by position, for a format whose rows are keyed
-    (Delta: a row keeps its key wherever it moves): per docs row of the new version, the
-    current version's row of its id when the row keeps that row's results, id, digest and
-    `present` flag (and so its chunks and their results), else -1. Carried columns come
-    from the input and are compared as they come."""
+    (Delta: a row keeps its key wherever it moves): per docs row of the new version,
+    whether it keeps the results, id, digest and `present` flag (and so the chunks) of its
+    id's row in the current version, `store_row`. Carried columns come from the input and
+    are compared as they come."""
 
     rows: dict[str, int]
     columns: dict[str, StoredColumns]
     widths: dict[str, dict[str, int]]
     same: dict[str, dict[str, np.ndarray]]
-    kept: np.ndarray
+    kept: np.ndarray  # bool
     store_row: np.ndarray  # per docs row of the new version, its id's current row, or -1
     chunk_counts: np.ndarray  # per docs row of the new version, its rows of the chunks level
     blocks: Callable[[Unwritten], Iterator[dict[str, pa.Table | None]]]

@@ -109,7 +109,6 @@ class _DataFile:
     path: str
     rows: int
     first: int | None  # the smallest value of the level's first order column
-    last: int | None = None  # the largest
 
 
 @dataclass
@@ -209,6 +208,7 @@ class DeltaFormat(ParquetFormat):
         self._pending: dict[str, _Pending] = {}
         self._written: dict[str, FileSum] = {}
         self._snapshots: dict[tuple[str, int], DeltaTable | None] = {}
+        self._docs_keys: np.ndarray | None = None  # docs `row` keys as opened, in order
 
     @classmethod
     def holds_store(cls, path: str) -> bool:
@@ -259,17 +259,19 @@ class DeltaFormat(ParquetFormat):
         files: list[_DataFile] = []
         if table is not None:
             actions = pa.table(table.get_add_actions(flatten=True))
-            mins, maxes = (actions.column(f"{end}.{LEVEL_ORDER[level][0]}").to_pylist()
-                           if f"{end}.{LEVEL_ORDER[level][0]}" in actions.column_names
-                           else [None] * actions.num_rows for end in ("min", "max"))
-            files = [_DataFile(path, int(rows), low, high) for path, rows, low, high in zip(
+            first = f"min.{LEVEL_ORDER[level][0]}"
+            mins = actions.column(first).to_pylist() if first in actions.column_names \
+                else [None] * actions.num_rows
+            files = [_DataFile(path, int(rows), low) for path, rows, low in zip(
                 actions.column("path").to_pylist(), actions.column("num_records").to_pylist(),
-                mins, maxes, strict=True)]
+                mins, strict=True)]
         pending = self._pending.get(level)
         if pending is not None:
             gone = {f.path for f in pending.removes}
             files = [] if pending.replace else [f for f in files if f.path not in gone]
-            files += [_pending_file(a, LEVEL_ORDER[level][0]) for a in pending.adds]
+            files += [_DataFile(a.path, json.loads(a.stats)["numRecords"],
+                                json.loads(a.stats)["minValues"].get(LEVEL_ORDER[level][0]))
+                      for a in pending.adds]
         return sorted(files, key=lambda f: (f.first is None, f.first or 0))
 
     def _levels(self) -> list[str]:
@@ -504,8 +506,8 @@ class DeltaFormat(ParquetFormat):
         but for the columns carried from the input. Nothing is committed before
         `publish`."""
         self._begin_write()
-        keys = _RowKeys.of(self, streamed.store_row)
-        kept = streamed.kept >= 0
+        keys = _RowKeys(self._opened_keys(), streamed.store_row)
+        kept = streamed.kept
         patches = {level: _LevelPatch(self, level, keys.next, set(streamed.same[level]))
                    for level in streamed.rows}
         # a kept row's results are not read: the file that holds them is kept, or read
@@ -628,7 +630,16 @@ class DeltaFormat(ParquetFormat):
         if not np.array_equal(rank, np.arange(len(rank))):  # written by another tool
             data = data.isel({LEVEL_DIMS[level]: rank})
             keys = {name: values[rank] for name, values in keys.items()}
+        if level == "docs":
+            self._docs_keys = keys["row"]
         return data, keys
+
+    def _opened_keys(self) -> np.ndarray:
+        """The docs `row` keys of the version this handle opened, in its order: the order
+        an update compared its rows in (`StreamedVersion.store_row` counts in it)."""
+        if self._docs_keys is None:
+            self._dataset("docs", dask=False)
+        return self._docs_keys if self._docs_keys is not None else np.zeros(0, np.int64)
 
     def _no_rows(self, level: str) -> dict[str, PartsColumn]:
         """A table of no files (a level none of whose rows has any: every text empty) as
@@ -718,13 +729,6 @@ class _RowKeys:
         self.next = int(keys[-1]) + 1 if len(keys) else 0
         self.last = -1
 
-    @classmethod
-    def of(cls, fmt: DeltaFormat, store_row: np.ndarray) -> _RowKeys:
-        """The current version's keys in its order (the order it is read in)."""
-        keys = [_file_keys(fmt, f) for f in fmt._files("docs") if f.rows]
-        return cls(np.sort(np.concatenate(keys)) if keys else np.zeros(0, np.int64),
-                   store_row)
-
     def assign(self, positions: np.ndarray) -> np.ndarray:
         """The keys of the new version's rows at `positions` (a block, in order)."""
         was = self.store_row[positions]
@@ -740,15 +744,6 @@ class _RowKeys:
                              "committed")
         self.last = int(keys[-1]) if len(keys) else self.last
         return keys
-
-
-def _file_keys(fmt: DeltaFormat, file: _DataFile) -> np.ndarray:
-    """The `row` keys of a docs file: the range its statistics give where it holds each
-    key of it once (as bertpipe writes them), else read."""
-    if file.first is not None and file.last is not None and \
-            file.last - file.first + 1 == file.rows:
-        return np.arange(file.first, file.last + 1)
-    return fmt._read_file("docs", file.path, ["row"]).column("row").to_numpy()
 
 
 class _LevelPatch:
@@ -822,18 +817,20 @@ class _LevelPatch:
         current = self.files[self.bucket]
         new, kept = self._gathered()
         self.bucket += 1
-        if not self.replace_all and new is not None:
-            if new.num_rows == current.rows and kept.all() and self._carried_same(current, new):
-                return  # its rows, each kept by key: the file is what the new version holds
+        if new is None:  # none of its rows is in the new version
+            self.pending.removes.append(current)
+            return
+        if not self.replace_all and new.num_rows == current.rows and kept.all() and \
+                self._carried_same(current, new):
+            return  # its rows, each kept by key: the file is what the new version holds
+        if not self.replace_all or kept.any():  # to compare, or the kept rows' cells
             old = sorted_by_order(self.fmt._read_file(self.level, current.path), self.level)
             new = self._filled(new, kept, old)
-            if old.num_rows == new.num_rows and old.select(new.column_names).equals(new):
+            if not self.replace_all and old.num_rows == new.num_rows and \
+                    old.select(new.column_names).equals(new):
                 return
-        elif new is not None and kept.any():
-            old = sorted_by_order(self.fmt._read_file(self.level, current.path), self.level)
-            new = self._filled(new, kept, old)
         self.pending.removes.append(current)
-        if new is not None and new.num_rows:
+        if new.num_rows:
             self.pending.adds += self.fmt._write_files(self.level, new)
 
     def close(self) -> _Pending:
@@ -910,12 +907,6 @@ def _delta_schema(schema: pa.Schema, level: str) -> Schema:
                              f"type {f.type} ({_first_line(exc)}); carry it as another type or "
                              "use output.format: parquet") from None
     return Schema.from_arrow(schema)
-
-
-def _pending_file(action: AddAction, key: str) -> _DataFile:
-    stats = json.loads(action.stats)
-    return _DataFile(action.path, stats["numRecords"], stats["minValues"].get(key),
-                     stats["maxValues"].get(key))
 
 
 def _comparable(schema: pa.Schema) -> list[tuple[str, pa.DataType, bytes | None]]:
