@@ -294,6 +294,30 @@ def lock_refresh_zero(w: World) -> list[Any]:
     return ["extract", w.job(w.tmp / "o.zarr")]
 
 
+def lock_refresh_too_short(w: World) -> list[Any]:
+    """An interval that would let a healthy run's lease end between two of its beats."""
+    w.monkeypatch.setenv(REFRESH_ENV, "0.001")
+    return ["extract", w.job(w.tmp / "o.zarr")]
+
+
+def lock_refresh_too_long(w: World) -> list[Any]:
+    """An interval that would make a killed run's lease last for ever."""
+    w.monkeypatch.setenv(REFRESH_ENV, "1e308")
+    return ["extract", w.job(w.tmp / "o.zarr")]
+
+
+def lock_is_a_directory(w: World) -> list[Any]:
+    (w.tmp / "o.zarr" / LOCK_NAME).mkdir(parents=True)
+    return ["extract", w.job(w.tmp / "o.zarr")]
+
+
+def unlock_a_lock_that_is_a_directory(w: World) -> list[Any]:
+    assert run("extract", w.job(w.tmp / "o.zarr")).exit_code == 0
+    (w.tmp / "o.zarr" / LOCK_NAME).mkdir()
+    (w.tmp / "o.zarr" / LOCK_NAME / "notes.txt").write_text("mine")
+    return ["unlock", w.tmp / "o.zarr"]
+
+
 def calibration_cache_is_a_file(w: World) -> list[Any]:
     """BERTPIPE_CACHE_DIR names a file: calibration cannot keep its result (refused before
     a store is made, also as root, whom permissions would not stop)."""
@@ -493,6 +517,13 @@ TABLE = [
     Row(delta_while_a_run_writes, 5, "o.delta is being written by another run (host"),
     Row(gc_delta_keep_zero, 2, "Invalid value for '--keep': 0 is not in the range x>=1"),
     Row(delta_store_with_a_damaged_log, 5, "docs: damaged Delta table"),
+    Row(lock_refresh_too_short, 2, "BERTPIPE_LOCK_REFRESH_S: '0.001' is out of range: the "
+        "lock's refresh interval is 0.05 to 3600 seconds"),
+    Row(lock_refresh_too_long, 2, "BERTPIPE_LOCK_REFRESH_S: '1e308' is out of range"),
+    Row(lock_is_a_directory, 5, "_bertpipe.lock is a directory, not a lock file bertpipe "
+        "wrote; nothing was changed"),
+    Row(unlock_a_lock_that_is_a_directory, 5, "_bertpipe.lock is a directory, not a lock "
+        "file bertpipe wrote; nothing was removed"),
     Row(calibration_cache_is_a_file, 4, "model.runtime: auto cannot write its calibration in "),
     Row(calibrate_cache_is_a_file, 4, "set BERTPIPE_CACHE_DIR to a writable folder"),
 ]
@@ -523,8 +554,16 @@ def _fake_lock(store: Path, pid: int, host: str | None = None, age_s: float = 0,
         "host": host or socket.gethostname(), "pid": pid, "started_unix": started,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started)),
         "refreshed_unix": started, "refresh_s": refresh_s, "fingerprint": "f" * 64,
-        "token": "e" * 32, "generation": 1}))
+        "token": "e" * 32, "generation": 1, "process_start": _start_of(pid)}))
     os.utime(lock, (started, started))
+
+
+def _start_of(pid: int) -> str | None:
+    """The start time a run records of itself (None for a process that is gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[19]
+    except OSError:
+        return None
 
 
 def _dead_pid() -> int:
@@ -643,6 +682,122 @@ def test_dead_holders_lock_is_taken_over_by_the_rerun_and_recorded(
     clean = run("extract", w.job(tmp_path / "clean.zarr", name="clean"))
     assert clean.exit_code == 0, clean.output
     assert_identical_stores(tmp_path / "o.zarr", tmp_path / "clean.zarr")
+
+
+def _process_state(pid: int) -> str:
+    """The state letter of /proc/<pid>/stat ("" once the process is reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return ""
+
+
+NO_REAPER = Path(__file__).with_name("no_reaper.py")
+
+
+def test_a_killed_run_left_a_zombie_by_a_parent_that_does_not_reap_is_taken_over_at_once(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container whose PID 1 does not reap: the real `bertpipe extract`, killed with
+    SIGKILL mid-run, stays a zombie holding its pid. The rerun, at once, takes its lock over
+    (a zombie runs nothing), resumes, and the store equals an uninterrupted run's (every run
+    on one thread, as the killed one was: two threads differ in the last bit on some CPUs)."""
+    import torch
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    request_threads = torch.get_num_threads()
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    w.write_input(TEXTS * 8)
+    out = tmp_path / "o.zarr"
+    job = w.job(out, execution={"scheduler": "synchronous", "partition_rows": 2})
+    parent = subprocess.Popen([sys.executable, str(NO_REAPER), str(BIN / "bertpipe"),
+                               "extract", str(job)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        assert parent.stdout is not None
+        victim = int(parent.stdout.readline().split()[1])
+        deadline = time.monotonic() + 120
+        while not list(out.glob("_bertpipe/parts/*.done.json")):
+            assert _process_state(victim) not in ("", "Z") and time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(victim, signal.SIGKILL)
+        while _process_state(victim) != "Z":
+            time.sleep(0.01)
+        assert json.loads((out / LOCK_NAME).read_text())["pid"] == victim
+        resumed = run("extract", job)
+        assert _process_state(victim) == "Z"  # still unreaped all through the retry
+    finally:
+        parent.communicate("")  # the parent reaps and exits
+    assert resumed.exit_code == 0, resumed.output
+    assert f"took over the lock of host {socket.gethostname()}, pid {victim}" in \
+        resumed.stderr and "is no longer running on this host" in resumed.stderr
+    assert "skipped" in resumed.stdout and "skipped 0" not in resumed.stdout
+    assert run("verify", out).exit_code == 0
+    try:
+        clean = run("extract", w.job(tmp_path / "clean.zarr", name="clean", execution={
+            "scheduler": "synchronous", "partition_rows": 2}))
+    finally:
+        torch.set_num_threads(request_threads)
+    assert clean.exit_code == 0, clean.output
+    assert_identical_stores(out, tmp_path / "clean.zarr")
+
+
+def test_lock_judging_zombies_and_exiting_processes_from_proc(tmp_path: Path) -> None:
+    """What `alive` reads: a zombie is dead, a running process alive, a reused pid dead,
+    and a lock without a start time is believed only for a Python or bertpipe process."""
+    from pipeline.stores.lock import StoreLock
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = subprocess.Popen(["sleep", "60"])  # a program that is not a run of bertpipe's
+    try:
+        start = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[-1].split()[19]
+        lock = StoreLock(tmp_path)
+        for pid, process_start, alive in [(child.pid, start, True),
+                                          (child.pid, str(int(start) + 1), False),
+                                          (child.pid, None, True),
+                                          (other.pid, None, False)]:
+            record = {"host": socket.gethostname(), "pid": pid}
+            if process_start is not None:
+                record["process_start"] = process_start
+            assert lock.live_here(record) is alive, (pid, process_start)
+        child.kill()
+        while _process_state(child.pid) != "Z":  # killed, not yet reaped
+            time.sleep(0.01)
+        assert not lock.live_here({"host": socket.gethostname(), "pid": child.pid,
+                                   "process_start": start})
+    finally:
+        for process in (child, other):
+            process.kill()
+            process.wait()
+
+
+def test_leases_are_judged_within_bounds_whatever_the_record_says(tmp_path: Path) -> None:
+    """A record claiming a 1 ms interval does not make a run refreshed 0.1 s ago dead; one
+    claiming 1e308 s does not make a day-old lock live for ever."""
+    from pipeline.stores.lock import StoreLock
+
+    _fake_lock(tmp_path, pid=1, host="elsewhere", age_s=0.1, refresh_s=0.001)
+    assert StoreLock(tmp_path).state().kind == "live"
+    _fake_lock(tmp_path, pid=1, host="elsewhere", age_s=86400, refresh_s=1e308)
+    assert StoreLock(tmp_path).state().kind == "dead"
+
+
+def test_unlock_clears_a_lock_naming_pid_1_without_a_start_time(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pid 1 of this host, recorded without a start time, is not a run of ours: `unlock`
+    removes the lock instead of asking the user to stop their init process."""
+    if any(name in Path("/proc/1/comm").read_text().lower() for name in ("python", "bertpipe")):
+        pytest.skip("this machine's pid 1 is a Python program: it could be a run of ours")
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    w.write_input()
+    assert run("extract", w.job(tmp_path / "o.zarr")).exit_code == 0
+    _fake_lock(tmp_path / "o.zarr", pid=1)
+    record = json.loads((tmp_path / "o.zarr" / LOCK_NAME).read_text())
+    record.pop("process_start")
+    (tmp_path / "o.zarr" / LOCK_NAME).write_text(json.dumps(record))
+    done = run("unlock", tmp_path / "o.zarr")
+    assert done.exit_code == 0 and "removed the lock of pid 1" in done.stdout, done.output
+    assert not (tmp_path / "o.zarr" / LOCK_NAME).exists()
 
 
 def test_expired_lease_of_another_host_is_taken_over_a_fresh_one_is_not(

@@ -202,12 +202,28 @@ def test_cron_wrapper_with_the_real_bertpipe(tmp_path: Path, tiny_job: Path) -> 
     assert "already complete" in done.stdout + done.stderr
 
 
+NO_REAPER = Path(__file__).with_name("no_reaper.py")
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat from its third field on (state, ppid, ...); [] once reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+    except OSError:
+        return []
+
+
 @pytest.mark.slow
-def test_cron_wrapper_resumes_a_run_killed_by_sigkill(tmp_path: Path, tiny_bert: Path) -> None:
-    """The OOM killer's case: the real bertpipe is killed with SIGKILL mid-run (its lock
-    left behind); the wrapper's first retry takes the dead run's lock over and resumes,
-    exit 0, and the store equals an uninterrupted run (50 partitions: the first one done,
-    the run is still far from its end when it is killed)."""
+@pytest.mark.parametrize("killer", ["python", "timeout"])
+def test_cron_wrapper_resumes_a_run_killed_by_sigkill(tmp_path: Path, tiny_bert: Path,
+                                                      killer: str) -> None:
+    """The OOM killer's and the time limit's case: the real bertpipe is killed with SIGKILL
+    mid-run (its lock left behind), from Python or by `timeout -s KILL` around it (which
+    kills itself too, orphaning its child); the wrapper's first retry, at once, takes the
+    dead run's lock over and resumes, exit 0, and the store equals an uninterrupted run (50
+    partitions: the first one done, the run is still far from its end when it is killed).
+    Everything runs under a parent that does not reap orphans, as a container's shell PID 1:
+    the run `timeout` orphaned is still a zombie when the retry starts, and after it ends."""
     texts = [f"{a} {b} {c}" for a in WORDS for b in WORDS[:8] for c in ("one", "two")][:100]
     source = write_table(tmp_path / "texts.parquet",
                          {"id": [f"r{i}" for i in range(len(texts))], "text": texts})
@@ -217,19 +233,38 @@ def test_cron_wrapper_resumes_a_run_killed_by_sigkill(tmp_path: Path, tiny_bert:
     bin_dir = bertpipe_launcher(tmp_path / "bin").parent
     executable(bin_dir / "sleep", '#!/bin/sh\necho "$1" >> "$SLEEPS"\n')
     env = environment(bin_dir, SLEEPS=str(tmp_path / "sleeps"))
-    wrapper = subprocess.Popen(["bash", str(cron_wrapper(tmp_path, str(job)))], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lock, parts = tmp_path / "o.zarr" / "_bertpipe.lock", tmp_path / "o.zarr" / "_bertpipe"
-    deadline = time.monotonic() + 120
-    while not (lock.exists() and list(parts.glob("parts/*.done.json"))):
-        assert wrapper.poll() is None and time.monotonic() < deadline, wrapper.communicate()
-        time.sleep(0.01)
-    victim = json.loads(lock.read_text())["pid"]  # the first attempt's bertpipe
-    os.kill(victim, signal.SIGKILL)
-    out, _ = wrapper.communicate(timeout=300)
-    assert wrapper.returncode == 0, out
+    wrapper = cron_wrapper(tmp_path, str(job))
+    if killer == "timeout":  # a time limit far away: the test fires it by hand (SIGALRM)
+        wrapper.write_text(replaced(wrapper.read_text(), "  bertpipe extract",
+                                    "  timeout -s KILL 3600 bertpipe extract"))
+    parent = subprocess.Popen([sys.executable, str(NO_REAPER), "--wait", "bash", str(wrapper)],
+                              env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        lock, parts = tmp_path / "o.zarr" / "_bertpipe.lock", tmp_path / "o.zarr" / "_bertpipe"
+        deadline = time.monotonic() + 120
+        while not (lock.exists() and list(parts.glob("parts/*.done.json"))):
+            assert parent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        victim = json.loads(lock.read_text())["pid"]  # the first attempt's bertpipe
+        if killer == "timeout":
+            os.kill(int(_stat_fields(victim)[1]), signal.SIGALRM)  # its time limit, now
+        else:
+            os.kill(victim, signal.SIGKILL)
+        assert parent.stdout is not None
+        out = ""
+        for line in parent.stdout:
+            out += line
+            if line.startswith("exit "):
+                break
+        if killer == "timeout":  # orphaned: never reaped, yet taken over (bash reaps its own)
+            assert _stat_fields(victim)[:1] == ["Z"], out
+    finally:
+        rest, _ = parent.communicate("", timeout=300)
+    assert out.splitlines()[-1] == "exit 0", out + rest
     assert lines(tmp_path / "sleeps") == ["300"]  # exactly one retry
     assert f"took over the lock of host {socket.gethostname()}, pid {victim}" in out
+    assert "is no longer running on this host" in out
     reference = write_job(tmp_path / "ref.yaml", job_dict(source, tiny_bert,
                                                           tmp_path / "ref.zarr",
                                                           execution=execution))
@@ -237,6 +272,7 @@ def test_cron_wrapper_resumes_a_run_killed_by_sigkill(tmp_path: Path, tiny_bert:
     store = pipeline.open_store(tmp_path / "o.zarr")
     assert_same_vectors(store, pipeline.open_store(tmp_path / "ref.zarr"))
     assert f"pid {victim}" in store.provenance.history[0].took_over_lock
+    assert CliRunner().invoke(main, ["verify", str(tmp_path / "o.zarr")]).exit_code == 0
 
 
 # --- SLURM with dask-jobqueue -------------------------------------------------------------

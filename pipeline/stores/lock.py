@@ -12,8 +12,9 @@ the token is still its own); `refresh_s` is written in the record, so every read
 a lock by its holder's own interval. A lock is taken over by the next run, which logs it
 and records it in the store's history, when its holder is provably gone:
 
-- same host, and the holder's pid is gone or now names another process (its start time
-  differs: a reused pid does not fool it), or
+- same host, and the holder's pid is gone, a zombie or exiting (a process killed with
+  SIGKILL is a zombie until its parent reaps it, forever under a PID 1 that does not reap)
+  or now names another process (its start time differs: a reused pid does not fool it), or
 - any host, local disk or object store: the lease expired, `LEASE_BEATS` refresh intervals
   without a refresh (a holder killed on another node, or paused: SIGSTOP, a frozen VM).
 
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 
 LOCK_NAME = "_bertpipe.lock"
 TAKEOVER_PREFIX = f"{LOCK_NAME}.takeover-"
+NOT_A_LOCK_FILE = "is a directory, not a lock file bertpipe wrote"
 # How often a holder refreshes its lock; `BERTPIPE_LOCK_REFRESH_S` changes it (tests use
 # fractions of a second). Why 30 s: a refresh costs one small write, and the lease it gives
 # (2.5 min) is short beside a scheduler's retry back-off.
@@ -72,6 +74,12 @@ LEASE_BEATS = 5
 SUSPECT_BEATS = 2
 # Locks written before leases had no `refresh_s`; their holders refreshed every 60 s.
 LEGACY_REFRESH_S = 60.0
+# The intervals a run may choose. Below 0.05 s the refresher would spin and a loaded machine
+# would miss beats; above an hour a killed run's lock would keep its store for most of a
+# night. A lock is judged by beats of at least JUDGED_BEAT_S, whatever its record says, so no
+# record (however written) makes a healthy run's lease shorter than a second.
+MIN_REFRESH_S, MAX_REFRESH_S = 0.05, 3600.0
+JUDGED_BEAT_S = 0.2
 
 
 def refresh_interval() -> float:
@@ -87,6 +95,10 @@ def refresh_interval() -> float:
     if not (math.isfinite(value) and value > 0):
         raise OptionError(f"{REFRESH_ENV}: {raw!r} is not a positive number of seconds "
                           f"(the lock's refresh interval; unset it for {DEFAULT_REFRESH_S:g})")
+    if not MIN_REFRESH_S <= value <= MAX_REFRESH_S:
+        raise OptionError(f"{REFRESH_ENV}: {raw!r} is out of range: the lock's refresh "
+                          f"interval is {MIN_REFRESH_S:g} to {MAX_REFRESH_S:g} seconds (unset "
+                          f"it for {DEFAULT_REFRESH_S:g})")
     return value
 
 
@@ -186,7 +198,7 @@ class StoreLock:
 
     def _heartbeat(self) -> None:
         token = self.token
-        while not self._stop.wait(_refresh_of(self._holder)):
+        while not self._stop.wait(self.refresh_s):
             if self.token != token:
                 return  # released
             if _token_of(self.holder() or {}) != token:
@@ -251,6 +263,8 @@ class StoreLock:
 
     def state(self) -> LockState:
         """What the lock on the store is, for a run that wants it."""
+        if self.file.local and os.path.isdir(self.file.path):
+            return LockState("unknown", {}, NOT_A_LOCK_FILE)
         holder = self.holder()
         if holder is None:
             return LockState("free", {})
@@ -276,6 +290,9 @@ class StoreLock:
         state = state or self.state()
         if state.kind == "free":  # released between our attempt and this read
             return f"output.path: {self.store} was locked by another run; try again"
+        if state.reason == NOT_A_LOCK_FILE:
+            return (f"output.path: {self.store}: {LOCK_NAME} {NOT_A_LOCK_FILE}; nothing was "
+                    "changed: move it out of the store and run again")
         if state.kind == "unknown":
             return (f"output.path: {self.store} is locked, but {state.reason}; if no run is "
                     f"writing to it, clear the lock with `bertpipe unlock {self.store}` and "
@@ -285,6 +302,10 @@ class StoreLock:
                 "output.path")
 
     def force_remove(self) -> None:
+        """Remove the lock file; a folder in its place is not ours to remove."""
+        if self.file.local and os.path.isdir(self.file.path):
+            raise StoreError(f"{self.store}: {LOCK_NAME} {NOT_A_LOCK_FILE}; nothing was "
+                             "removed: move it out of the store yourself")
         self.file.remove()
 
 
@@ -318,6 +339,8 @@ def read_record(file: Location) -> dict[str, Any] | None:
             text = file.read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError:  # a folder in its place, no permission: there, but not readable
+            return {}
         try:
             value = json.loads(text)
             return value if isinstance(value, dict) else {}
@@ -344,8 +367,14 @@ def _token_of(holder: dict[str, Any]) -> str:
 
 
 def _refresh_of(holder: dict[str, Any]) -> float:
+    """The interval a lock is judged by: its holder's, held within the bounds a run may
+    choose (a record written by hand or by another version cannot make a lease endless or
+    shorter than a second)."""
     value = holder.get("refresh_s", LEGACY_REFRESH_S)
-    return float(value) if isinstance(value, (int, float)) and value > 0 else LEGACY_REFRESH_S
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or \
+            not math.isfinite(value) or value <= 0:
+        return LEGACY_REFRESH_S
+    return min(max(float(value), JUDGED_BEAT_S), MAX_REFRESH_S)
 
 
 def _duration(seconds: float) -> str:
@@ -355,7 +384,11 @@ def _duration(seconds: float) -> str:
 
 
 def _alive(holder: dict[str, Any]) -> bool:
-    """The holder's process still runs (same pid and, where /proc tells, same start time)."""
+    """The holder's process still runs: its pid names a process that is neither a zombie nor
+    exiting (a process killed with SIGKILL stays a zombie until its parent reaps it, forever
+    under a PID 1 that does not reap, and holds nothing), started when the lock says (a reused
+    pid does not fool it). A lock without a start time is believed only while its pid runs a
+    Python or bertpipe program: pid 1 of a host is not a run of ours."""
     pid = holder.get("pid")
     if not isinstance(pid, int) or pid <= 0:
         return False
@@ -364,15 +397,43 @@ def _alive(holder: dict[str, Any]) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        pass  # another user's process: alive
+        pass  # another user's process: alive unless /proc says otherwise
+    stat = _proc_stat(pid)
+    if stat is None:  # no /proc (not Linux) or gone since: the signal is all we know
+        return True
+    if stat.state in _NOT_RUNNING or stat.flags & _PF_EXITING:
+        return False
     recorded = holder.get("process_start")
-    return recorded is None or _process_start(pid) in (None, recorded)
+    if recorded is None:
+        return any(name in stat.command.lower() for name in ("python", "bertpipe"))
+    return stat.start == recorded
 
 
-def _process_start(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (Linux), to tell a reused pid."""
+# /proc/<pid>/stat states of a process that will never run again: zombie, dead
+_NOT_RUNNING = frozenset("ZXx")
+_PF_EXITING = 0x4  # include/linux/sched.h: the process is in exit()
+
+
+@dataclass(frozen=True)
+class _ProcStat:
+    command: str  # the executable's name, as the kernel keeps it (15 characters at most)
+    state: str
+    flags: int
+    start: str  # clock ticks since boot
+
+
+def _proc_stat(pid: int) -> _ProcStat | None:
+    """The fields of /proc/<pid>/stat this module needs, None where there is no such file."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[-1].split()[19]  # field 22, counted after the command name
+    command = stat[stat.find("(") + 1:stat.rfind(")")]
+    fields = stat.rsplit(")", 1)[-1].split()  # fields 3.. (the name may hold spaces)
+    return _ProcStat(command=command, state=fields[0], flags=int(fields[6]), start=fields[19])
+
+
+def _process_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux), to tell a reused pid."""
+    stat = _proc_stat(pid)
+    return stat.start if stat else None
