@@ -153,32 +153,82 @@ set_option = click.option("--set", "overrides", multiple=True, metavar="KEY=VALU
                           help="Override a job key, e.g. --set output.path=out/x.zarr.")
 
 
+overwrite_option = click.option(
+    "--overwrite", is_flag=True, help="Replace the bertpipe store at output.path (never "
+    "anything that is not a bertpipe store).")
+scheduler_option = click.option(
+    "--scheduler", default=None, envvar="DASK_SCHEDULER_ADDRESS",
+    help="local | synchronous | tcp://host:port (overrides execution.scheduler).")
+incremental_option = click.option(
+    "--incremental", is_flag=True, help="Update the existing store: encode only rows with new "
+    "ids or changed texts (as output.incremental: true).")
+prune_option = click.option(
+    "--prune", is_flag=True, help="With --incremental: remove rows whose ids are gone from "
+    "the input (by default they are kept, present=false).")
+
+
 @main.command()
 @click.argument("job_file", type=click.Path(dir_okay=False))
 @set_option
+@overwrite_option
+@scheduler_option
+@incremental_option
+@prune_option
 @click.option("--schema-only", is_flag=True, help="Check the file alone: skip the model "
               "config and the input's Parquet metadata (e.g. where they are not mounted).")
 @_user_errors
-def validate(job_file: str, overrides: tuple[str, ...], schema_only: bool) -> None:
-    """Check a job without running it: the file, the model's config and tokenizer (no
-    weights), and the input's Parquet metadata (no rows). Writes nothing.
+def validate(job_file: str, overrides: tuple[str, ...], overwrite: bool, scheduler: str | None,
+             incremental: bool, prune: bool, schema_only: bool) -> None:
+    """Check a job without running it: every check `extract` makes before it writes (the
+    file, the model's config, tokenizer and weight files, the device and runtime, the
+    input's Parquet metadata, the output path, the store's lock and state, the runtime
+    cache), with the same options. Loads no weights, reads no rows, writes nothing.
 
     \b
     Examples:
       bertpipe validate jobs/reviews.yaml
+      bertpipe validate jobs/nightly.yaml --incremental
       bertpipe validate jobs/reviews.yaml --set model.path=models/other
       bertpipe validate jobs/cluster.yaml --schema-only   # where model and data are not mounted
     """
     from .spec import load_job
 
-    job = load_job(job_file, overrides)
-    checked = None if schema_only else _checked_before_writing(job, job_file)
+    job = load_job(job_file, _with_options(overrides, scheduler, incremental))
+    _check_prune(prune, job)
+    ready = None if schema_only else _ready(job, job_file, overwrite, prune)
     # "valid" only once every check has passed: a script may stop reading at that word
     click.echo(f"{job_file}: valid ({len(job.views)} views: "
                f"{', '.join(v.name for v in job.views)}; output {job.output.format} "
                f"{job.output.path})")
-    if checked is not None:
-        click.echo(f"checked {checked.summary()}")
+    if ready is None:
+        click.echo("checked the job file alone (--schema-only): the model, the input and the "
+                   "output were not checked")
+        return
+    click.echo(f"checked {ready.context.plan.summary()}; would {_action(ready)}")
+    if ready.left_to_workers:
+        click.echo(f"left to the workers (the model runs there): "
+                   f"{', '.join(ready.left_to_workers)}")
+
+
+def _with_options(overrides: tuple[str, ...], scheduler: str | None,
+                  incremental: bool) -> tuple[str, ...]:
+    """The command's options as job keys, so that the job's own checks see them too."""
+    if scheduler:
+        overrides = (*overrides, f"execution.scheduler={scheduler}")
+    return (*overrides, "output.incremental=true") if incremental else overrides
+
+
+def _check_prune(prune: bool, job: Any) -> None:
+    if prune and not job.output.incremental:
+        raise click.BadParameter("only with --incremental (or output.incremental: true)",
+                                 param_hint="'--prune'")
+
+
+def _ready(job: Any, job_file: str, overwrite: bool, prune: bool) -> Any:
+    """Every check `extract` makes before it writes (run/checks.py), read only."""
+    from .run.checks import Asked, before_writing
+
+    return before_writing(Asked(job, job_file, overwrite, prune=prune))
 
 
 @main.command()
@@ -224,30 +274,19 @@ def calibrate(job_file: str, overrides: tuple[str, ...], as_json: bool) -> None:
                f"{calibration_dir()})")
 
 
-def _checked_before_writing(job: Any, job_file: str) -> Any:
-    """What `extract` checks before it writes anything (run/checks.py)."""
-    from .run.checks import check_job
-
-    return check_job(job, job_file)
-
-
 @main.command()
 @click.argument("job_file", type=click.Path(dir_okay=False))
 @set_option
-@click.option("--overwrite", is_flag=True, help="Replace the bertpipe store at output.path "
-              "(never anything that is not a bertpipe store).")
-@click.option("--scheduler", default=None, envvar="DASK_SCHEDULER_ADDRESS",
-              help="local | synchronous | tcp://host:port (overrides execution.scheduler).")
+@overwrite_option
+@scheduler_option
 @click.option("--dry-run", is_flag=True, help="Check the job and print the plan (model, "
               "views, files, rows, partitions, output); create and write nothing.")
 @click.option("--json-summary", "summary_file", default=None, type=click.Path(dir_okay=False),
               help="Also write the run's summary as JSON to this file, at the end, on "
               "success and on failure (schemas/run-summary.schema.json); never the job "
               "file, the input, the model or a path inside the store.")
-@click.option("--incremental", is_flag=True, help="Update the existing store: encode only "
-              "rows with new ids or changed texts (as output.incremental: true).")
-@click.option("--prune", is_flag=True, help="With --incremental: remove rows whose ids are "
-              "gone from the input (by default they are kept, present=false).")
+@incremental_option
+@prune_option
 @_user_errors
 def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
             scheduler: str | None, dry_run: bool, summary_file: str | None,
@@ -262,10 +301,8 @@ def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
       bertpipe extract jobs/cluster.yaml --scheduler tcp://scheduler:8786 --json-summary run.json
       bertpipe extract jobs/reviews.yaml --incremental --prune
     """
-    if incremental:  # as the job key, so that validation and the plan see it too
-        overrides = (*overrides, "output.incremental=true")
     if summary_file is None:
-        _extract(job_file, overrides, overwrite, scheduler, dry_run, None, prune)
+        _extract(job_file, overrides, overwrite, scheduler, dry_run, None, incremental, prune)
         return
     from .run.runner import RunSummary
     from .run.summary_file import SummaryFile
@@ -273,7 +310,8 @@ def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
     target = SummaryFile(summary_file, job_file)  # refused now, before the run, if unsafe
     summary = RunSummary("")
     try:
-        _extract(job_file, overrides, overwrite, scheduler, dry_run, summary, prune, target)
+        _extract(job_file, overrides, overwrite, scheduler, dry_run, summary, incremental,
+                 prune, target)
     except BertpipeError as exc:
         if target.may_write():
             target.write(_summary_doc(summary, exc))
@@ -281,9 +319,15 @@ def extract(job_file: str, overrides: tuple[str, ...], overwrite: bool,
     target.write(_summary_doc(summary, None))
 
 
-DRY_RUN_ACTIONS = {"create": "create the store", "replace": "replace the store (--overwrite)",
-                   "resume": "resume the interrupted run in the store",
-                   "complete": "do nothing: the store is complete for this job and input"}
+ACTIONS = {"create": "create the store", "replace": "replace the store (--overwrite)",
+           "resume": "resume the interrupted run in the store",
+           "complete": "do nothing: the store is complete for this job and input",
+           "update": "update the store with the input's new and changed rows",
+           "current": "do nothing: the store is up to date with this input"}
+
+
+def _action(ready: Any) -> str:
+    return ACTIONS[ready.action]
 
 
 def _summary_doc(summary: Any, error: BertpipeError | None) -> dict[str, Any]:
@@ -294,26 +338,21 @@ def _summary_doc(summary: Any, error: BertpipeError | None) -> dict[str, Any]:
 
 
 def _extract(job_file: str, overrides: tuple[str, ...], overwrite: bool, scheduler: str | None,
-             dry_run: bool, summary: Any, prune: bool = False, target: Any = None) -> None:
+             dry_run: bool, summary: Any, incremental: bool, prune: bool = False,
+             target: Any = None) -> None:
     from .spec import load_job
 
-    if scheduler:
-        overrides = (*overrides, f"execution.scheduler={scheduler}")
-    job = load_job(job_file, overrides)
+    job = load_job(job_file, _with_options(overrides, scheduler, incremental))
     if target is not None:
         target.check_job(job)
-    if prune and not job.output.incremental:
-        raise click.BadParameter("only with --incremental (or output.incremental: true)",
-                                 param_hint="'--prune'")
+    _check_prune(prune, job)
     if dry_run:
-        from .run.checks import check_output_where, output_action
-        from .run.context import RunContext
-
-        ctx = RunContext.of(job)  # what the run computes first, as the run computes it
-        check_output_where(job, job_file)
-        click.echo(ctx.plan.describe())
-        if not job.output.incremental:  # an incremental run has its own rules (run/incremental)
-            click.echo(f"would      {DRY_RUN_ACTIONS[output_action(ctx, overwrite)]}")
+        ready = _ready(job, job_file, overwrite, prune)  # as the run checks
+        click.echo(ready.context.plan.describe())
+        click.echo(f"would      {_action(ready)}")
+        if ready.left_to_workers:
+            click.echo(f"left to    the workers (the model runs there): "
+                       f"{', '.join(ready.left_to_workers)}")
         click.echo("dry run: nothing was created or written")
         return
     from .run.progress import Progress

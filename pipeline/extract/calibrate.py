@@ -142,7 +142,7 @@ def decide(job: Job, weights_sha256: dict[str, str], texts: Callable[[], list[st
     if len(offered) == 1 and not force:
         return RuntimeChoice(*offered[0], by="job")
     key = key or calibration_key(job, weights_sha256, offered)
-    path = calibration_dir() / f"{key_id(key)}.json"
+    path = cache_file(key)
     if not force:
         cached = read_cached(path, key, offered)
         if cached is not None:
@@ -151,6 +151,29 @@ def decide(job: Job, weights_sha256: dict[str, str], texts: Callable[[], list[st
     choice = measure(job, offered, texts(), load or load_candidate)
     write_cached(path, key, choice)
     return choice
+
+
+def cache_file(key: dict[str, Any]) -> Path:
+    return calibration_dir() / f"{key_id(key)}.json"
+
+
+def check_cache(job: Job, weights_sha256: dict[str, str]) -> None:
+    """What `decide` refuses before it measures, read only: a job it would measure for
+    (more than one candidate, nothing cached) needs a cache folder it can write, or one it
+    can make (nothing is made here)."""
+    offered = candidates(job, load_config(job.model))
+    if len(offered) <= 1:
+        return
+    key = calibration_key(job, weights_sha256, offered)
+    path = cache_file(key)
+    if read_cached(path, key, offered) is not None:
+        return
+    folder = path.parent
+    existing = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
+    if not existing.is_dir():
+        raise _unwritable(folder, NotADirectoryError(20, f"{existing} is not a folder"))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise _unwritable(folder, PermissionError(13, "Permission denied"))
 
 
 def read_cached(path: Path, key: dict[str, Any], offered: Sequence[tuple[str, str]]

@@ -100,15 +100,15 @@ def check_runtime(spec: ModelSpec, config: Any, here: bool) -> None:
     if spec.runtime == "openvino":  # the job's own mistakes first: they hold everywhere
         check_openvino_job(spec, config)
     if here and could_refuse_here(spec):
+        device_type(spec.device)  # what the model's loading asks first, whatever the runtime
         choose_runtime(spec, config)
 
 
 def could_refuse_here(spec: ModelSpec) -> bool:
-    """Whether `choose_runtime` can refuse `spec` on some machine: an openvino job (a GPU
-    here, openvino missing), or device cuda (no GPU here). Runtime torch, and runtime auto
-    on device auto or cpu, run everywhere, so the device is not asked (torch would be
-    imported for nothing)."""
-    return spec.runtime == "openvino" or (spec.runtime == "auto" and spec.device == "cuda")
+    """Whether loading `spec` can be refused on some machine: an openvino job (a GPU here,
+    openvino missing), or device cuda whatever the runtime (no GPU here). Device auto or cpu
+    runs everywhere, so the device is not asked (torch would be imported for nothing)."""
+    return spec.runtime == "openvino" or spec.device == "cuda"
 
 
 def cache_base() -> Path:

@@ -1,29 +1,167 @@
-"""What `validate` and `extract --dry-run` check of a job, read only: everything a run
-checks before it writes. `check_output_where` is the runner's own check of the output
-path, so the two cannot drift apart."""
+"""Every check a run makes before it writes, in one list: `extract` runs it, and `validate`
+and `extract --dry-run` run the very same list and stop, so a job they accept is a job the
+run accepts (up to what changes between the two: the input, the store, another run).
+
+The list, in the order a run makes it (`CHECKS`):
+
+1. options    the command's options against the job (--incremental with --overwrite,
+              --prune without --incremental, the incremental key's own needs)
+2. job        the model's config, tokenizer and weight files, the views against them, the
+              device and runtime where the model runs here, the chunk budget, the input's
+              Parquet footers and ids (`extract/preflight.py`), and the fingerprints
+3. output     where the output may go: not the input, the job's folder or the working
+              directory; a folder that can be made; a bucket that answers
+4. lock       no live run holds the store
+5. store      what the store at output.path allows: create, resume, replace (--overwrite),
+              complete already, or (incremental) update a store made with the same model,
+              views, chunking, dtype, levels and format
+6. runtime    where `model.runtime: auto` keeps its decision: a cached one, or a folder it
+              can write (measuring itself is the run's first work, not a check)
+
+On a remote cluster the model runs on the workers, so the device and runtime are checked
+there, when they load it: `Ready.left_to_workers` names what was left.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..errors import StoreError
-from ..extract.preflight import Plan as Checked
-from ..extract.preflight import preflight
+from ..errors import JobError, StoreError
 from ..io.location import check_reachable, register_options, resolve, storage_errors
-from ..spec import Job
+from ..spec import Job, check_incremental
+from ..stores.lock import StoreLock
+from ..stores.ownership import inspect_output
+from ..stores.provenance import Provenance, is_complete
 from .output import Plan, assess, check_output_location
 
-if TYPE_CHECKING:  # the run's context imports the executors and torch: not for validate
+if TYPE_CHECKING:  # the run's context imports the executors: loaded when a check needs it
     from .context import RunContext
 
+LOCAL_SCHEDULERS = ("synchronous", "local")
 
-def check_job(job: Job, job_file: str | Path | None) -> Checked:
-    """The model, views, device and runtime, the input (footers and ids), and where the
-    output may go (`check_output_where`)."""
-    checked = preflight(job)
-    check_output_where(job, job_file)
-    return checked
+
+@dataclass(frozen=True)
+class Asked:
+    """A run as a command asks for it: the job and the options that change its checks."""
+
+    job: Job
+    job_file: str | Path | None = None
+    overwrite: bool = False
+    incremental: bool = False  # --incremental: as the job key output.incremental
+    prune: bool = False
+
+
+@dataclass
+class Ready:
+    """What the checks found: the job as it will run, its context, and what the run will
+    do with the store (`create`, `resume`, `replace`, `complete`, `update` or `current`)."""
+
+    job: Job
+    ctx: RunContext | None = None
+    action: str = ""
+    store: tuple[str, Provenance] | None = None  # the complete store an update builds on
+    left_to_workers: tuple[str, ...] = ()
+    passed: list[str] = field(default_factory=list)
+
+    @property
+    def context(self) -> RunContext:
+        if self.ctx is None:  # the list's order: `job` comes before every check that asks
+            raise RuntimeError("the job check has not run")
+        return self.ctx
+
+
+Check = Callable[[Asked, Ready], None]
+
+
+def check_options(asked: Asked, ready: Ready) -> None:
+    job = ready.job
+    if asked.incremental or job.output.incremental:
+        if asked.overwrite or job.output.overwrite:
+            raise JobError("output.incremental: an incremental run adds to the store, "
+                           "--overwrite replaces it; choose one")
+        if not job.output.incremental:
+            # why not through to_dict: that form is redacted (literal credentials -> ***)
+            ready.job = replace(job, output=replace(job.output, incremental=True))
+            check_incremental(ready.job)  # the job key's own checks (id column, token views)
+        if not ready.job.input.id_column:
+            raise JobError("output.incremental: needs input.id_column (rows are matched to "
+                           "the store by id)")
+    elif asked.prune:
+        raise JobError("--prune: only with --incremental (or output.incremental: true)")
+
+
+def check_job(asked: Asked, ready: Ready) -> None:
+    from .context import RunContext  # why here: it imports the executors (Dask)
+
+    ready.ctx = RunContext.of(ready.job)
+    if ready.job.execution.scheduler not in LOCAL_SCHEDULERS:
+        ready.left_to_workers = ("model.device", "model.runtime")
+
+
+def check_output(asked: Asked, ready: Ready) -> None:
+    check_output_where(ready.job, asked.job_file)
+
+
+def check_lock(asked: Asked, ready: Ready) -> None:
+    """A live run's lock refuses (a dead one is taken over when the run takes the lock)."""
+    if not resolve(ready.job.output.path).exists():
+        return
+    lock = StoreLock(ready.job.output.path)
+    state = lock.state()
+    if state.kind in ("live", "unknown"):
+        raise StoreError(lock.refusal(state))
+
+
+def check_store(asked: Asked, ready: Ready) -> None:
+    ctx = ready.context
+    if ready.job.output.incremental:
+        ready.store = complete_store(ready.job)
+        if ready.store is not None:
+            path, current = ready.store
+            check_compatible(ready.job, ctx.model, current, path)
+            same = (current.input_identity == ctx.identity
+                    and current.run_fingerprint == ctx.fingerprint)
+            ready.action = "current" if same else "update"
+            return
+    ready.action = output_action(ctx, asked.overwrite or ready.job.output.overwrite)
+
+
+def check_runtime_cache(asked: Asked, ready: Ready) -> None:
+    """A run that will measure its runtime must be able to keep the decision (the store
+    keeps what the cache cannot: refused before anything is made)."""
+    if ready.action in ("complete", "current"):
+        return  # nothing will be encoded
+    from ..extract.calibrate import check_cache  # why here: it imports the runtimes' table
+
+    ctx = ready.context
+    job = ready.job if ready.store is None else _as_stored(ready.job, ready.store[1])
+    check_cache(job, ctx.model["weights_sha256"])
+
+
+CHECKS: tuple[tuple[str, Check], ...] = (
+    ("options", check_options),
+    ("job", check_job),
+    ("output", check_output),
+    ("lock", check_lock),
+    ("store", check_store),
+    ("runtime", check_runtime_cache),
+)
+
+
+def before_writing(asked: Asked) -> Ready:
+    """Run every check of `CHECKS`, in order: the first that fails raises (a JobError,
+    ModelError, InputError or StoreError naming the key, file or column); nothing is
+    written. What the run would do is in the answer."""
+    ready = Ready(asked.job)
+    register_options(asked.job.output.path, asked.job.output.storage_options)
+    with storage_errors(asked.job.output.path, "output.path", StoreError):
+        for name, check in CHECKS:
+            check(asked, ready)
+            ready.passed.append(name)
+    return ready
 
 
 def check_output_where(job: Job, job_file: str | Path | None) -> None:
@@ -42,3 +180,44 @@ def output_action(ctx: RunContext, overwrite: bool) -> str:
     plan = Plan(ctx.fingerprint, ctx.identity, job.execution.partition_rows)
     with storage_errors(job.output.path, "output.path", StoreError):
         return assess(job, plan, overwrite or job.output.overwrite)[0]
+
+
+def complete_store(job: Job) -> tuple[str, Provenance] | None:
+    """The complete store at output.path (as it is opened) and its provenance, or None when
+    the job must run in full (no store, or one the full run resumes, refuses or replaces by
+    its own rules). Read only: only the provenance is read."""
+    from ..stores import store_at  # why here: the formats import zarr and the stores' kit
+    from ..stores.opened import store_name
+
+    path = job.output.path
+    contents = inspect_output(path)
+    if contents.state != "store":
+        return None
+    raw = store_at(path, contents.format or job.output.format).record()
+    if raw is None or not is_complete(raw) or not raw.get("job"):
+        return None
+    opened = store_name(path)
+    return opened, Provenance.from_dict(raw, opened)
+
+
+def check_compatible(job: Job, model: dict[str, Any], current: Provenance, path: str) -> None:
+    """The store's vectors are what this job would compute: same model weights, views,
+    chunking, dtype, levels and format."""
+    before, now = current.job.vector_parts(), job.vector_parts()
+    changed = [key for key in now if before.get(key) != now[key]]
+    if changed:
+        raise StoreError(f"output.path: {path} was made with other {', '.join(changed)} than "
+                         "this job; its vectors would not match new ones, so it cannot be "
+                         "updated incrementally: a full run is needed (--overwrite)")
+    if current.model.weights_sha256 != model["weights_sha256"]:
+        raise StoreError(f"output.path: {path} was made with other model weights than "
+                         f"{job.model.path}; its vectors would not match new ones, so it "
+                         "cannot be updated incrementally: a full run is needed (--overwrite)")
+
+
+def _as_stored(job: Job, current: Provenance) -> Job:
+    """An update encodes with the runtime and dtype its store was made with: no decision."""
+    choice = current.runtime_choice
+    if choice is None:
+        return job
+    return replace(job, model=replace(job.model, runtime=choice.runtime, dtype=choice.dtype))

@@ -28,12 +28,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import JobError, StoreError
 from ..extract.source import Partition, plan_partitions
 from ..io.location import Location
 from ..post.apply import load_transform
@@ -46,6 +44,7 @@ from ..stores.opened import StoreData, open_store_data, store_name
 from ..stores.ownership import inspect_output
 from ..stores.provenance import ModelInfo, Provenance, is_complete
 from .assemble import Assembly, Derived, Source, assemble, streamed_version
+from .checks import check_compatible
 from .compare import Changes, StoreRows, compare
 from .context import PartitionWork, RunContext, run_partitions, with_choice
 from .executors import Executor, OnDone, executor_for
@@ -73,9 +72,6 @@ def run_incremental(ctx: RunContext, executor: Executor | None, on_done: OnDone 
     None when there is no complete store yet (the caller runs the job in full).
     `summary`, when given, is filled in place (the caller keeps it if the run fails)."""
     job = ctx.job
-    if not job.input.id_column:
-        raise JobError("output.incremental: needs input.id_column (rows are matched to the "
-                       "store by id)")
     output = OutputSession(job.output.path, ctx.fingerprint, say)
     output.refuse_if_locked()
     found = _complete_store(job, say)
@@ -148,21 +144,6 @@ def _summarised(summary: RunSummary, provenance: Provenance, changes: Changes,
         setattr(summary, name, getattr(changes, name))
     summary.wall_s = time.perf_counter() - started
     return summary
-
-
-def check_compatible(job: Job, model: dict[str, Any], current: Provenance, path: str) -> None:
-    """The store's vectors are what this job would compute: same model weights, views,
-    chunking, dtype, levels and format."""
-    before, now = current.job.vector_parts(), job.vector_parts()
-    changed = [key for key in now if before.get(key) != now[key]]
-    if changed:
-        raise StoreError(f"output.path: {path} was made with other {', '.join(changed)} than "
-                         "this job; its vectors would not match new ones, so it cannot be "
-                         "updated incrementally: a full run is needed (--overwrite)")
-    if current.model.weights_sha256 != model["weights_sha256"]:
-        raise StoreError(f"output.path: {path} was made with other model weights than "
-                         f"{job.model.path}; its vectors would not match new ones, so it "
-                         "cannot be updated incrementally: a full run is needed (--overwrite)")
 
 
 def _clear_published(output: OutputSession, current: Provenance) -> None:

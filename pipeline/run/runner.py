@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import JobError, StoreError
+from ..errors import StoreError
 from ..extract.source import Partition
 from ..io.location import (
     disk_full_errors,
@@ -22,11 +22,11 @@ from ..io.location import (
     storage_errors,
 )
 from ..post.apply import fit_view
-from ..spec import Job, check_incremental
+from ..spec import Job
 from ..stores import Layout, Staging, store_at
 from ..stores.markers import MarkerTotals
 from ..stores.provenance import InputFile, RunRecord, RuntimeChoice
-from .checks import check_output_where
+from .checks import Asked, before_writing
 from .context import (
     PartitionWork,
     RunContext,
@@ -73,21 +73,11 @@ def run_job(job: Job, executor: Executor | None = None, on_done: OnDone | None =
 def _run_job(job: Job, executor: Executor | None, on_done: OnDone | None, overwrite: bool,
              on_plan: OnPlan | None, job_file: str | Path | None, summary: RunSummary | None,
              incremental: bool, prune: bool, say: Callable[[str], None]) -> RunSummary:
-    if incremental or job.output.incremental:
-        if overwrite or job.output.overwrite:
-            raise JobError("output.incremental: an incremental run adds to the store, "
-                           "--overwrite replaces it; choose one")
-        if not job.output.incremental:
-            # why not through to_dict: that form is redacted (literal credentials -> ***)
-            job = replace(job, output=replace(job.output, incremental=True))
-            check_incremental(job)  # the job key's own checks (id column, token views)
-    elif prune:
-        raise JobError("--prune: only with --incremental (or output.incremental: true)")
     # everything checkable is checked before the store is touched (nothing is created on
-    # a job that cannot work), once for either kind of run
-    ctx = RunContext.of(job)
-    check_output_where(job, job_file)  # as validate checks it
-    if job.output.incremental:
+    # a job that cannot work): the list `validate` and `--dry-run` run too
+    ready = before_writing(Asked(job, job_file, overwrite, incremental, prune))
+    ctx = ready.context
+    if ready.job.output.incremental:
         updated = run_incremental(ctx, executor, on_done, on_plan, prune, say, summary)
         if updated is not None:
             return updated
