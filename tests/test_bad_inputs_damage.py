@@ -329,6 +329,28 @@ def test_damaged_store(case: Case, pristine: dict[str, Path], tmp_path: Path) ->
     assert _fingerprint(store) == before  # a refused command changed nothing
 
 
+RERUNS = [c for c in TABLE if c.command == "rerun"]
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in RERUNS])
+def test_the_checks_refuse_a_damaged_store_as_the_rerun_does(
+        case: Case, pristine: dict[str, Path], tmp_path: Path) -> None:
+    """`validate` and `extract --dry-run` run `before_writing`, the rerun's own checks: over
+    a damaged store they refuse with the rerun's code and first words, changing nothing."""
+    from pipeline.run.checks import Asked, before_writing
+
+    store = tmp_path / pristine[case.fmt].name
+    shutil.copytree(pristine[case.fmt], store)
+    DAMAGE[case.damage](store)
+    before = _fingerprint(store)
+    job = _job_into(pristine[case.fmt], store)
+    checked = _in_process(lambda: before_writing(Asked(job)))
+    rerun = _in_process(lambda: run_job(job))
+    assert checked[0] == rerun[0] == case.code, (checked, rerun)
+    assert checked[1].split()[:4] == rerun[1].split()[:4] and case.fragment in checked[1]
+    assert _fingerprint(store) == before
+
+
 def test_the_table_covers_every_damage_and_command() -> None:
     assert {c.damage for c in TABLE} == set(DAMAGE)
     assert {c.command for c in TABLE} == set(COMMANDS)

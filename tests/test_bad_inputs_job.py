@@ -26,6 +26,7 @@ from click.testing import CliRunner, Result
 import pipeline
 from pipeline.cli import main
 from pipeline.errors import BertpipeError
+from tests.agreement import assert_agree, run_all
 from tests.conftest import job_dict, write_job, write_table
 
 pytestmark = pytest.mark.table  # hundreds of CLI runs: make test, not make test-fast
@@ -235,8 +236,23 @@ class Row:
     output_may_exist: bool = False  # a failure after the run started (partition, weights)
 
 
-def _cli(*args: str | Callable[[World], str]) -> Callable[[World], list[str]]:
-    return lambda w: [a(w) if callable(a) else a for a in args]
+@dataclass(frozen=True)
+class _Cli:
+    """A row's command line, its parts filled in from the row's World."""
+
+    args: tuple[str | Callable[[World], str], ...]
+
+    def __call__(self, w: World) -> list[str]:
+        return [a(w) if callable(a) else a for a in self.args]
+
+    @property
+    def checks_a_job(self) -> bool:
+        """`validate` or `extract` of a job (not `validate --schema-only`, the file alone)."""
+        return self.args[0] in ("validate", "extract") and "--schema-only" not in self.args
+
+
+def _cli(*args: str | Callable[[World], str]) -> _Cli:
+    return _Cli(args)
 
 
 def _api(call: Callable[[World], None]) -> Callable[[World], None]:
@@ -774,6 +790,21 @@ def test_bad_input(row: Row, tmp_path: Path, tiny_bert: Path, tiny_distilbert: P
     if not row.output_may_exist:
         assert not w.out.exists(), "a refused job created its output"
     assert not any(p.exists() for p in outside), "a name wrote outside the store"
+
+
+JOB_ROWS = [r for r in ROWS if isinstance(r.run, _Cli) and r.run.checks_a_job]
+
+
+@pytest.mark.parametrize("row", JOB_ROWS, ids=[r.id for r in JOB_ROWS])
+def test_validate_dry_run_and_extract_agree(row: Row, tmp_path: Path, tiny_bert: Path,
+                                            tiny_distilbert: Path,
+                                            stores: dict[str, Path]) -> None:
+    """The row's job through `validate`, `extract --dry-run` and `extract`: refused before
+    writing, all three give its exit code and the same first words; refused only while
+    running (the row's texts or weights are read by the run alone), the checks pass."""
+    w = World(tmp_path, tiny_bert, tiny_distilbert, stores)
+    outcomes = run_all(row.run(w) or [])
+    assert_agree(outcomes, row.code, row.fragment, row.output_may_exist)
 
 
 def test_table_covers_every_finding() -> None:

@@ -33,6 +33,7 @@ import pipeline
 from pipeline.cli import main
 from pipeline.run import runner
 from pipeline.stores.lock import LOCK_NAME, REFRESH_ENV, TAKEOVER_PREFIX
+from tests.agreement import assert_agree, run_all
 from tests.conftest import job_dict, write_job
 from tests.s3server import served
 
@@ -542,6 +543,27 @@ def test_table(row: Row, tmp_path: Path, tiny_bert: Path, tiny_distilbert: Path,
     assert result.exit_code == row.code, result.output
     assert row.fragment in one_line_error(result)
     assert snapshot(tmp_path) == before  # refused means nothing changed
+
+
+NOT_JOB_COMMANDS = ("gc_", "unlock_", "calibrate_")  # rows of a store command, not a job
+JOB_ROWS = [r for r in TABLE if not r.setup.__name__.startswith(NOT_JOB_COMMANDS)]
+
+
+@pytest.mark.parametrize("row", JOB_ROWS, ids=[r.setup.__name__ for r in JOB_ROWS])
+def test_validate_dry_run_and_extract_agree(row: Row, tmp_path: Path, tiny_bert: Path,
+                                            tiny_distilbert: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The row through `validate`, `extract --dry-run` and `extract`: every row here is
+    refused before anything is written, so all three give its code and first words."""
+    (tmp_path / "no-pooler").symlink_to(tiny_distilbert, target_is_directory=True)
+    (tmp_path / "tiny").symlink_to(tiny_bert, target_is_directory=True)
+    world = World(tmp_path, tiny_bert, monkeypatch)
+    world.write_input()
+    args = [str(a) for a in row.setup(world)]
+    assert args[0] in ("validate", "extract"), args  # NOT_JOB_COMMANDS names the others
+    before = snapshot(tmp_path)
+    assert_agree(run_all(args), row.code, row.fragment, fails_while_running=False)
+    assert snapshot(tmp_path) == before
 
 
 def _fake_lock(store: Path, pid: int, host: str | None = None, age_s: float = 0,

@@ -10,7 +10,8 @@ The list, in the order a run makes it (`CHECKS`):
               device and runtime where the model runs here, the chunk budget, the input's
               Parquet footers and ids (`extract/preflight.py`), and the fingerprints
 3. output     where the output may go: not the input, the job's folder or the working
-              directory; a folder that can be made; a bucket that answers
+              directory; a folder that can be made; a bucket that answers; a place the
+              format writes to
 4. lock       no live run holds the store
 5. store      what the store at output.path allows: create, resume, replace (--overwrite),
               complete already, or (incremental) update a store made with the same model,
@@ -103,16 +104,17 @@ def check_job(asked: Asked, ready: Ready) -> None:
 
 def check_output(asked: Asked, ready: Ready) -> None:
     check_output_where(ready.job, asked.job_file)
+    from ..stores import format_named  # why here: the formats import zarr and xarray
+
+    format_named(ready.job.output.format).check_location(resolve(ready.job.output.path))
 
 
 def check_lock(asked: Asked, ready: Ready) -> None:
-    """A live run's lock refuses (a dead one is taken over when the run takes the lock)."""
-    if not resolve(ready.job.output.path).exists():
-        return
-    lock = StoreLock(ready.job.output.path)
-    state = lock.state()
-    if state.kind in ("live", "unknown"):
-        raise StoreError(lock.refusal(state))
+    """The interval this run would refresh its lock at; a live run's lock, or a dead one
+    another run is taking over (a dead one is taken over when the run takes the lock)."""
+    lock = StoreLock(ready.job.output.path)  # reads BERTPIPE_LOCK_REFRESH_S
+    if resolve(ready.job.output.path).exists():
+        lock.check_free_to_take()
 
 
 def check_store(asked: Asked, ready: Ready) -> None:

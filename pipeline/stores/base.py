@@ -121,6 +121,8 @@ class StoreFormat(ABC):
     # row in place, flagged (compare.py): where a write costs whole chunks of rows, an edit
     # in place would rewrite its neighbours' chunks too
     appends_edits: ClassVar[bool] = False
+    # The URL schemes the format writes to (None: any fsspec URL); a local folder always
+    url_schemes: ClassVar[tuple[str, ...] | None] = None
 
     def __init__(self, path: str) -> None:
         self.path = str(path)
@@ -135,6 +137,16 @@ class StoreFormat(ABC):
     @abstractmethod
     def holds_store(cls, path: str) -> bool:
         """Whether `path` holds a store of this format."""
+
+    @classmethod
+    def check_location(cls, location: Location) -> None:
+        """Refuse a place this format cannot write to (before anything is made)."""
+        if location.local or cls.url_schemes is None:
+            return
+        if location.url.split("://", 1)[0] not in cls.url_schemes:
+            places = " or ".join(f"an {scheme}:// URL" for scheme in cls.url_schemes)
+            raise StoreError(f"output.path: {location.url}: the {cls.name} format is written "
+                             f"to a local folder or {places}")
 
     # ---- the provenance, read once per handle ----------------------------------------
 

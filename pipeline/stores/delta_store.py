@@ -194,6 +194,7 @@ class DeltaFormat(ParquetFormat):
     by the Parquet format's writer; Delta commits them."""
 
     name = "delta"
+    url_schemes = ("s3",)  # its Rust storage reaches object stores through S3 only
     atomic_switch = True  # a reader stays on the table versions it opened
     writes_in_place = True  # an update writes only what differs, nothing is staged
 

@@ -150,6 +150,7 @@ class IcechunkFormat(ZarrFormat):
     """The Icechunk store format (see the module docstring)."""
 
     name = "icechunk"
+    url_schemes = ("s3",)  # its Rust storage reaches object stores through S3 only
     # a snapshot never changes: a reader stays on the one it opened
     atomic_switch = True
     writes_in_place = True

@@ -178,11 +178,9 @@ class StoreLock:
         """Replace a dead holder's lock. The claim file (created if absent, one per dead
         token) lets exactly one of several runs that found the same dead lock replace it."""
         dead = state.holder
-        claim = self.store.child(TAKEOVER_PREFIX + _token_of(dead))
+        claim = self._claim_of(dead)
         if not claim.create_exclusive(_dump(record)):
-            raise StoreError(f"output.path: {self.store} is being taken over by another run "
-                             f"(the lock of {describe(dead)} {state.reason}); wait for it to "
-                             "finish")
+            raise StoreError(self._being_taken_over(state))
         if _token_of(self.holder() or {}) != _token_of(dead):  # it changed since we read it
             claim.remove()
             raise StoreError(f"output.path: {self.store}: its lock changed hands while this run "
@@ -195,6 +193,22 @@ class StoreLock:
         self._claims.append(claim)
         self._say(f"{self.store}: took over {self.took_over}")
         self._hold(record)
+
+    def _claim_of(self, dead: dict[str, Any]) -> Location:
+        return self.store.child(TAKEOVER_PREFIX + _token_of(dead))
+
+    def _being_taken_over(self, state: LockState) -> str:
+        return (f"output.path: {self.store} is being taken over by another run (the lock of "
+                f"{describe(state.holder)} {state.reason}); wait for it to finish")
+
+    def check_free_to_take(self) -> None:
+        """Raise the StoreError `acquire` would raise now, writing nothing: a live or
+        unreadable lock, or a dead one another run is taking over."""
+        state = self.state()
+        if state.kind in ("live", "unknown"):
+            raise StoreError(self.refusal(state))
+        if state.kind == "dead" and self._claim_of(state.holder).exists():
+            raise StoreError(self._being_taken_over(state))
 
     def _heartbeat(self) -> None:
         token = self.token
