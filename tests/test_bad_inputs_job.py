@@ -26,6 +26,7 @@ from click.testing import CliRunner, Result
 import pipeline
 from pipeline.cli import main
 from pipeline.errors import BertpipeError
+from pipeline.extract.runtime_choice import gpu_device_nodes
 from tests.agreement import assert_agree, run_all
 from tests.conftest import job_dict, write_job, write_table
 
@@ -739,6 +740,10 @@ ROWS = [
         _api(_staged_only), 5, "store is incomplete and has no provenance yet",
         output_may_exist=True),
 ]
+if not gpu_device_nodes():  # a machine with no GPU: asking for one is refused by all three
+    ROWS.append(Row("model.device cuda with runtime torch, no GPU", _cli("validate", _job(
+        _set("model.device", "cuda"))), 4, "model.device: cuda requested but no CUDA device "
+        "is available"))
 
 
 def _digest(path: Path) -> str | None:
