@@ -67,6 +67,9 @@ def test_deterministic_with_fixed_seed(store: pipeline.Store) -> None:
     a = run_probe(store, labels, seed=3, scalar_mix="mean").to_dict()
     b = run_probe(store, labels, seed=3, scalar_mix="mean").to_dict()
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    # and the seed is used: another one splits the folds (and starts the mix) elsewhere
+    c = run_probe(store, labels, seed=4, scalar_mix="mean").to_dict()
+    assert json.dumps(a, sort_keys=True) != json.dumps(c, sort_keys=True)
 
 
 def test_regression_labels(tmp_path: Path) -> None:

@@ -727,8 +727,8 @@ class DigestLookup:
     """Where digests first occur among a store's, asked partition by partition: the
     store's are sorted once by their first 8 bytes (as integers: a binary search over them
     is several times faster than over 32-byte strings) and each ask is a binary search, then
-    a check of the whole digest (`pc.index_in` hashes the whole value set on every call:
-    against a million stored rows, 82 partitions spent 27 s in it)."""
+    a check of the whole digest (`pc.index_in` hashes the whole value set on every call,
+    so asking partition by partition would cost the store's size each time)."""
 
     def __init__(self, digests: pa.Array):
         self.keys = _as_bytes(digests)

@@ -126,8 +126,8 @@ class _Mapped:
     come from the file as it was then, even once an update or `postprocess` has replaced
     it by rename (the mapping keeps the old file alive), so a reader never mixes two
     versions. Its footer is read when it is mapped, from the same open file but by plain
-    reads: parsed through the mapping, the reader's speculative tail read mapped 40-60 KB
-    of every file into the process (240 MB of resident memory for a 1M-row Delta store)."""
+    reads: parsed through the mapping, the reader's speculative tail read would keep tens of
+    kilobytes of every file resident, which grows with the number of files."""
 
     def __init__(self, path: str):
         self.path = path
@@ -286,8 +286,8 @@ class PartsColumn(BackendArray):
 
         if not self.shape[0]:
             return xr.Variable(self.dims, da.from_array(np.empty(self.shape, self.dtype)))
-        # one graph layer of a block per row group, named by the files it reads (building
-        # a delayed read per row group and column cost 10 s at a thousand files); a group
+        # one graph layer of a block per row group, named by the files it reads (a delayed
+        # read per row group and column makes a graph that grows with files x columns); a group
         # of no rows is no block (dask's indexing fails on empty blocks)
         blocks = (tuple(int(n) for *_, n in self.groups if n),
                   *((self.width,) if self.width else ()))
