@@ -311,12 +311,13 @@ def _cells() -> Iterator[Any]:
 
 # ---- versions: bertpipe's, and what a reader opens ---------------------------------------
 
-def delta_versions_from_history(table: str) -> dict[int, int]:
-    """docs/store.md's one-liner: each bertpipe version's Delta version of a table's
-    docs commit (its newest completing commit; history() is newest first)."""
-    history = DeltaTable(table).history()
-    return {c["bertpipe_version"]: c["version"]
-            for c in reversed(history) if c.get("bertpipe_complete")}
+def delta_versions_from_history(store: Path) -> dict[int, dict[str, int]]:
+    """docs/store.md's lines: each bertpipe version's table versions, from its newest
+    completing commit of the docs table (history() is newest first)."""
+    done = {c["bertpipe_version"]: c for c in reversed(DeltaTable(str(store / "docs"))
+            .history()) if c.get("bertpipe_complete")}
+    return {k: {"docs": c["version"], "chunks": c["bertpipe_tables"]["chunks"]}
+            for k, c in done.items()}
 
 
 def _inspect_json(path: Path) -> dict[str, Any]:
@@ -333,7 +334,7 @@ def _where_to_read(built: Built, fmt: str, state: str) -> tuple[Path, int | None
         return built.paths[fmt, state], None, None
     path = built.paths[fmt, "updated"]
     if fmt == "delta":
-        return path, 0, delta_versions_from_history(str(path / "docs"))[0]
+        return path, 0, delta_versions_from_history(path)[0]["docs"]
     snapshots = {v["version"]: v["snapshot"] for v in _inspect_json(path)["reader_versions"]}
     return path, 0, snapshots[0]
 
@@ -391,8 +392,7 @@ def test_a_delta_version_is_not_bertpipes_and_inspect_maps_them(built: Built) ->
     facts = _inspect_json(path)
     mapped = {v["version"]: v["tables"] for v in facts["reader_versions"]}
     assert sorted(mapped) == [0, 1]
-    assert {k: t["docs"] for k, t in mapped.items()} == \
-        delta_versions_from_history(str(path / "docs"))
+    assert mapped == delta_versions_from_history(path)
     assert mapped[1]["docs"] != 1 and mapped[0]["chunks"] >= 0
     for k, tables in mapped.items():
         want = pipeline.open_store(path, version=k)

@@ -31,6 +31,10 @@ is kept), then commits the chunks table and, last, the docs table in one commit 
 completes the version. Earlier versions stay readable (`open_store(path, version=k)`, Delta
 time travel) until `bertpipe gc` vacuums what only they use.
 
+Each add action carries the per-file statistics of the Delta protocol for every column but
+the vectors (`file_stats`), so readers that skip files by statistics skip only files that
+cannot match.
+
 Delta records no checksum of its data files: a complete version's provenance holds the
 checksum of each of its files (the column data before the footer, as in the Parquet
 format), which `bertpipe verify` checks.
