@@ -204,12 +204,16 @@ def file_stats(table: pa.Table) -> dict[str, Any]:
 def _bounds(column: pa.ChunkedArray, type_: pa.DataType) -> tuple[Any, Any] | None:
     """A column's smallest and largest value as Delta's statistics write them; None for no
     value, or for bounds JSON cannot hold (a float column's infinities, decimals, binary)."""
+    if pa.types.is_dictionary(type_):  # Delta stores the values, not the dictionary
+        return _bounds(column.cast(type_.value_type), type_.value_type)
     if pa.types.is_timestamp(type_):
         return _time_bounds(column, type_)
     if not (pa.types.is_integer(type_) or pa.types.is_floating(type_)
             or pa.types.is_boolean(type_) or pa.types.is_string(type_)
             or pa.types.is_large_string(type_) or pa.types.is_date(type_)):
         return None
+    if pa.types.is_float16(type_):  # no min_max kernel for half floats; exact in float32
+        column = column.cast(pa.float32())
     found = pc.min_max(column).as_py()  # NaN is left out, as Parquet's statistics leave it
     low, high = found["min"], found["max"]
     if low is None or high is None:
