@@ -22,6 +22,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -451,7 +452,8 @@ def test_file_statistics_are_deltalakes_own_and_every_filter_keeps_its_rows(
     """A table of every kind of column a store may carry, in three files with bertpipe's
     statistics: they are those deltalake's own writer gives the same rows (a timestamp's
     maximum rounded up to the millisecond, not down), and a filter on any column through
-    deltalake's readers gives the rows pyarrow's filter of the whole table gives."""
+    deltalake's readers gives the rows pyarrow's filter of the whole table gives
+    (infinities, a file of NaN only and decimals included)."""
     from deltalake import write_deltalake
     from deltalake.transaction import AddAction, create_table_with_add_actions
 
@@ -468,6 +470,11 @@ def test_file_statistics_are_deltalakes_own_and_every_filter_keeps_its_rows(
         "nothing": pa.array([None] * 9, pa.string()),
         "mean": pa.array([[float(i), 1.0] for i in range(9)], pa.list_(pa.float32())),
     })
+    nan, inf = float("nan"), float("inf")
+    wide = {"wide": pa.array([1.0, inf, -inf, nan, nan, nan, 2.0, nan, 3.0]),
+            "cents": pa.array([Decimal(v) for v in ("1.50", "-3.25", "0.00", "9.99", "1.50",
+                                                    "2.00", "0.10", "0.20", "0.30")],
+                              pa.decimal128(6, 2))}
     parts = [table.slice(0, 3), table.slice(3, 3), table.slice(6, 3)]
     write_deltalake(str(tmp_path / "theirs"), parts[0])
     log = (tmp_path / "theirs" / "_delta_log" / f"{0:020d}.json").read_text().splitlines()
@@ -479,6 +486,9 @@ def test_file_statistics_are_deltalakes_own_and_every_filter_keeps_its_rows(
     assert ours["minValues"] == theirs["minValues"]
     assert ours["maxValues"] == {**theirs["maxValues"], "at": "1970-01-01T00:00:00.004Z"}
     assert theirs["maxValues"]["at"] == "1970-01-01T00:00:00.003Z"  # 3,999 us, rounded down
+    for name, column in wide.items():
+        table = table.append_column(name, column)
+    parts = [table.slice(0, 3), table.slice(3, 3), table.slice(6, 3)]
 
     (tmp_path / "ours").mkdir()
     adds = []
@@ -486,7 +496,7 @@ def test_file_statistics_are_deltalakes_own_and_every_filter_keeps_its_rows(
         file = tmp_path / "ours" / f"part-{i}.parquet"
         pq.write_table(part, file)
         adds.append(AddAction(file.name, file.stat().st_size, {}, 0, True,
-                              json.dumps(delta_store.file_stats(part))))
+                              delta_store.stats_json(delta_store.file_stats(part))))
     create_table_with_add_actions(str(tmp_path / "ours"), Schema.from_arrow(table.schema),
                                   adds)
     delta = DeltaTable(str(tmp_path / "ours"))
@@ -495,7 +505,8 @@ def test_file_statistics_are_deltalakes_own_and_every_filter_keeps_its_rows(
     assert [Path(f.path).name for f in kept] == ["part-1.parquet"]
     for name, value in (("id", "é"), ("flag", True), ("label", "x"), ("score", 1.0),
                         ("day", date(2024, 1, 5)), ("at", pa.scalar(3_999, stamp)),
-                        ("nothing", "x")):
+                        ("nothing", "x"), ("wide", inf), ("wide", -inf), ("wide", 2.0),
+                        ("cents", Decimal("1.50"))):
         expression = pc.field(name) == value
         want = sorted(table.filter(expression).column("row").to_pylist())
         got = delta.to_pyarrow_dataset().to_table(filter=expression).column("row")
@@ -503,3 +514,5 @@ def test_file_statistics_are_deltalakes_own_and_every_filter_keeps_its_rows(
         if name != "at":  # deltalake's filters= take plain values
             frame = delta.to_pandas(filters=[(name, "=", value)])
             assert sorted(frame["row"].tolist()) == want, name
+    nans = delta.to_pyarrow_dataset().to_table(filter=pc.field("wide").is_nan())
+    assert sorted(nans.column("row").to_pylist()) == [3, 4, 5, 7]

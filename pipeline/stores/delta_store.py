@@ -43,12 +43,14 @@ format), which `bertpipe verify` checks.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -179,14 +181,14 @@ def delta_form(table: pa.Table) -> pa.Table:
 
 def file_stats(table: pa.Table) -> dict[str, Any]:
     """A data file's statistics as its add action carries them (the Delta protocol's
-    per-file statistics): numRecords, and for every column but the vectors its nullCount
-    and, where JSON holds them exactly, minValues and maxValues.
+    per-file statistics): numRecords, and for every column but the vectors its nullCount,
+    minValues and maxValues.
 
     Why every column: deltalake (1.6) builds each file's pruning expression from the
     columns the table indexes (the first 32), and a bound missing from the statistics
     becomes `column >= null`, which no row satisfies: a filter on that column through its
-    Arrow dataset or `to_pandas(filters=...)` skipped every file. Vectors (lists) are
-    never indexed, as in deltalake's own writer."""
+    Arrow dataset or `to_pandas(filters=...)` skipped every file. Vectors (lists) and
+    binary columns are not indexed (no bounds), as in deltalake's own writer."""
     low: dict[str, Any] = {}
     high: dict[str, Any] = {}
     nulls: dict[str, int] = {}
@@ -201,16 +203,31 @@ def file_stats(table: pa.Table) -> dict[str, Any]:
             "nullCount": nulls}
 
 
+def stats_json(stats: dict[str, Any]) -> str:
+    """Statistics as JSON, with the numbers Python's json module cannot write: an infinite
+    bound as 1e999 (a JSON number that parsers, deltalake's among them, read as infinity;
+    json writes `Infinity`, which is not JSON), a decimal as its exact digits."""
+    if isinstance(stats, dict):
+        return "{" + ",".join(f"{json.dumps(key)}:{stats_json(value)}"
+                              for key, value in stats.items()) + "}"
+    if isinstance(stats, float) and math.isinf(stats):
+        return "1e999" if stats > 0 else "-1e999"
+    if isinstance(stats, Decimal):
+        return str(stats)  # "1.50", "-3.25", "1E+5": JSON numbers
+    return json.dumps(stats)
+
+
 def _bounds(column: pa.ChunkedArray, type_: pa.DataType) -> tuple[Any, Any] | None:
     """A column's smallest and largest value as Delta's statistics write them; None for no
-    value, or for bounds JSON cannot hold (a float column's infinities, decimals, binary)."""
+    value, or for a type Delta keeps no bounds of (binary)."""
     if pa.types.is_dictionary(type_):  # Delta stores the values, not the dictionary
         return _bounds(column.cast(type_.value_type), type_.value_type)
     if pa.types.is_timestamp(type_):
         return _time_bounds(column, type_)
     if not (pa.types.is_integer(type_) or pa.types.is_floating(type_)
             or pa.types.is_boolean(type_) or pa.types.is_string(type_)
-            or pa.types.is_large_string(type_) or pa.types.is_date(type_)):
+            or pa.types.is_large_string(type_) or pa.types.is_date(type_)
+            or pa.types.is_decimal(type_)):
         return None
     if pa.types.is_float16(type_):  # no min_max kernel for half floats; exact in float32
         column = column.cast(pa.float32())
@@ -218,8 +235,8 @@ def _bounds(column: pa.ChunkedArray, type_: pa.DataType) -> tuple[Any, Any] | No
     low, high = found["min"], found["max"]
     if low is None or high is None:
         return None
-    if isinstance(low, float) and not (np.isfinite(low) and np.isfinite(high)):
-        return None
+    if isinstance(low, float) and math.isnan(low):  # every value NaN: no bound excludes it
+        return -math.inf, math.inf
     if pa.types.is_date(type_):
         return low.isoformat(), high.isoformat()
     return low, high
@@ -485,7 +502,7 @@ class DeltaFormat(ParquetFormat):
         if sum_ is not None:
             self._written[rel] = sum_
         return AddAction(name, file.size() or 0, {}, int(time.time() * 1000), True,
-                         json.dumps(file_stats(table)))
+                         stats_json(file_stats(table)))
 
     def _write_files(self, level: str, table: pa.Table) -> list[AddAction]:
         keys = table.column(LEVEL_ORDER[level][0]).to_numpy()
