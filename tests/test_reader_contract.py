@@ -54,6 +54,7 @@ ADDED = ("r40", "r41")
 LOOKUP = "r3"
 WANTED_LABEL = "negative"
 Where = tuple[str, object] | None  # (column, value): the rows where column == value
+COLUMNS = ["id", "label", "present", "mean"]  # what every reader is asked to return
 
 
 def _texts() -> dict[str, str]:
@@ -174,9 +175,6 @@ def _from_xarray(ds: xr.Dataset) -> Rows:
                 ds["present"].values.astype(bool).tolist(), ds["mean"].values)
 
 
-COLUMNS = ["id", "label", "present", "mean"]
-
-
 def xarray_plain(ds: xr.Dataset, where: Where) -> Rows:
     """docs/store.md's lines: `ds.sel(id=...)`, a boolean selection on a column."""
     if where is None:
@@ -187,7 +185,7 @@ def xarray_plain(ds: xr.Dataset, where: Where) -> Rows:
     return _from_xarray(ds.isel(id=(ds[where[0]] == where[1]).values))
 
 
-def read_zarr(path: Path, delta_version: None, where: Where) -> Rows:
+def read_zarr(path: Path, _: None, where: Where) -> Rows:
     return xarray_plain(xr.open_zarr(path, group="docs"), where)
 
 
