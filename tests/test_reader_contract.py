@@ -514,3 +514,21 @@ def test_file_statistics_are_deltalakes_own_and_every_filter_keeps_its_rows(
             assert sorted(frame["row"].tolist()) == want, name
     nans = delta.to_pyarrow_dataset().to_table(filter=pc.field("wide").is_nan())
     assert sorted(nans.column("row").to_pylist()) == [3, 4, 5, 7]
+
+
+def test_plain_xarray_looks_an_edited_id_up_among_the_present_rows(built: Built) -> None:
+    """docs/store.md's lines for an Icechunk head after an edit: a list selection of the
+    edited id is refused by pandas (the id index is not unique); among the `present` rows
+    the id names one row, open_store's."""
+    import icechunk
+
+    path = built.paths["icechunk", "updated"]
+    repo = icechunk.Repository.open(icechunk.local_filesystem_storage(str(path / "repo")))
+    docs = xr.open_zarr(repo.readonly_session(branch="main").store, group="docs",
+                        consolidated=False)
+    with pytest.raises(pd.errors.InvalidIndexError):
+        docs.sel(id=[LOOKUP])
+    current = docs.isel(id=docs.present.values)
+    want = _oracle(path, None, ("id", LOOKUP))
+    np.testing.assert_array_equal(current.sel(id=LOOKUP)["mean"].values, want.mean[0])
+    assert current.sizes["id"] == len(_oracle(path, None, ("present", True)).ids)
