@@ -94,6 +94,7 @@ def _history_lines(store: Store) -> list[str]:
     if len(readable) > 1:
         lines.append(f"{' ' * 11}versions kept: {', '.join(map(str, readable))} "
                      "(open_store(path, version=k); bertpipe gc --keep N reclaims the rest)")
+    lines += _reader_version_lines(store)
     for i, run in enumerate(prov.history):
         head = "history    " if i == 0 else " " * 11
         what = f"{run.added} added"
@@ -109,6 +110,20 @@ def _history_lines(store: Store) -> list[str]:
         if run.took_over_lock:
             lines.append(f"{' ' * 11}  took over {run.took_over_lock}")
     return lines
+
+
+def _reader_version_lines(store: Store) -> list[str]:
+    """Per kept version, what a reader without bertpipe opens: a Delta store's table
+    versions (a bertpipe version is several commits of each table), an Icechunk store's
+    snapshot."""
+    lines = []
+    for entry in store.fmt.reader_versions():
+        if "tables" in entry:
+            named = ", ".join(f"{level} {n}" for level, n in entry["tables"].items())
+            lines.append(f"v{entry['version']}: Delta table versions {named}")
+        elif "snapshot" in entry:
+            lines.append(f"v{entry['version']}: snapshot {entry['snapshot']}")
+    return [f"{'readers    ' if i == 0 else ' ' * 11}{line}" for i, line in enumerate(lines)]
 
 
 def _view_text(spec: ViewSpec) -> str:
@@ -240,6 +255,7 @@ def store_facts(store: Store) -> dict[str, Any]:
         "device": prov.device, "dtype": prov.dtype, "created": prov.created,
         "versions": prov.versions, "stats": prov.stats,
         "version": prov.version, "readable_versions": store.fmt.version_numbers(),
+        "reader_versions": store.fmt.reader_versions(),
         "flagged_gone": gone,
         "superseded": superseded,
         "history": [dataclasses.asdict(run) for run in prov.history],

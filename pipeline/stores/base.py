@@ -172,6 +172,12 @@ class StoreFormat(ABC):
         that keeps one version (a retired one stays only for the readers that opened it)."""
         return [version_of(self.record())]
 
+    def reader_versions(self) -> list[dict[str, Any]]:
+        """What a reader without bertpipe opens for each version kept, newest first:
+        `{"version": k, ...}` and the format's own name for it (a format that keeps one
+        version: none, its files are the current version)."""
+        return []
+
     def at_version(self, version: int) -> StoreFormat:
         """A handle on `version` of this store, read only."""
         if version in self.version_numbers():

@@ -31,6 +31,10 @@ is kept), then commits the chunks table and, last, the docs table in one commit 
 completes the version. Earlier versions stay readable (`open_store(path, version=k)`, Delta
 time travel) until `bertpipe gc` vacuums what only they use.
 
+Each add action carries the per-file statistics of the Delta protocol for every column but
+the vectors (`file_stats`), so readers that skip files by statistics skip only files that
+cannot match.
+
 Delta records no checksum of its data files: a complete version's provenance holds the
 checksum of each of its files (the column data before the footer, as in the Parquet
 format), which `bertpipe verify` checks.
@@ -39,12 +43,14 @@ format), which `bertpipe verify` checks.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -171,6 +177,89 @@ def delta_form(table: pa.Table) -> pa.Table:
         fields.append(f)
         columns.append(column)
     return pa.table(columns, schema=pa.schema(fields))
+
+
+def file_stats(table: pa.Table) -> dict[str, Any]:
+    """A data file's statistics as its add action carries them (the Delta protocol's
+    per-file statistics): numRecords, and for every column but the vectors its nullCount,
+    minValues and maxValues.
+
+    Why every column: deltalake (1.6) builds each file's pruning expression from the
+    columns the table indexes (the first 32), and a bound missing from the statistics
+    becomes `column >= null`, which no row satisfies: a filter on that column through its
+    Arrow dataset or `to_pandas(filters=...)` skipped every file. Vectors (lists) and
+    binary columns are not indexed (no bounds), as in deltalake's own writer."""
+    low: dict[str, Any] = {}
+    high: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for f, column in zip(table.schema, table.columns, strict=True):
+        if pa.types.is_nested(f.type):
+            continue
+        nulls[f.name] = column.null_count
+        bounds = _bounds(column, f.type)
+        if bounds is not None:
+            low[f.name], high[f.name] = bounds
+    return {"numRecords": table.num_rows, "minValues": low, "maxValues": high,
+            "nullCount": nulls}
+
+
+def stats_json(stats: dict[str, Any]) -> str:
+    """Statistics as JSON, with the numbers Python's json module cannot write: an infinite
+    bound as 1e999 (a JSON number that parsers, deltalake's among them, read as infinity;
+    json writes `Infinity`, which is not JSON), a decimal as its exact digits."""
+    if isinstance(stats, dict):
+        return "{" + ",".join(f"{json.dumps(key)}:{stats_json(value)}"
+                              for key, value in stats.items()) + "}"
+    if isinstance(stats, float) and math.isinf(stats):
+        return "1e999" if stats > 0 else "-1e999"
+    if isinstance(stats, Decimal):
+        return str(stats)  # "1.50", "-3.25", "1E+5": JSON numbers
+    return json.dumps(stats)
+
+
+def _bounds(column: pa.ChunkedArray, type_: pa.DataType) -> tuple[Any, Any] | None:
+    """A column's smallest and largest value as Delta's statistics write them; None for no
+    value, or for a type Delta keeps no bounds of (binary)."""
+    if pa.types.is_dictionary(type_):  # Delta stores the values, not the dictionary
+        return _bounds(column.cast(type_.value_type), type_.value_type)
+    if pa.types.is_timestamp(type_):
+        return _time_bounds(column, type_)
+    if not (pa.types.is_integer(type_) or pa.types.is_floating(type_)
+            or pa.types.is_boolean(type_) or pa.types.is_string(type_)
+            or pa.types.is_large_string(type_) or pa.types.is_date(type_)
+            or pa.types.is_decimal(type_)):
+        return None
+    if pa.types.is_float16(type_):  # no min_max kernel for half floats; exact in float32
+        column = column.cast(pa.float32())
+    found = pc.min_max(column).as_py()  # NaN is left out, as Parquet's statistics leave it
+    low, high = found["min"], found["max"]
+    if low is None or high is None:
+        return None
+    if isinstance(low, float) and math.isnan(low):  # every value NaN: no bound excludes it
+        return -math.inf, math.inf
+    if pa.types.is_date(type_):
+        return low.isoformat(), high.isoformat()
+    return low, high
+
+
+def _time_bounds(column: pa.ChunkedArray, type_: pa.TimestampType) -> tuple[str, str] | None:
+    """Timestamp bounds in milliseconds, the precision Delta's statistics keep: the minimum
+    rounded down and the maximum up, so that no row falls outside its file's bounds."""
+    found = pc.min_max(column.cast(pa.int64())).as_py()
+    if found["min"] is None:
+        return None
+    per_ms = {"s": 0.001, "ms": 1, "us": 1000, "ns": 1_000_000}[type_.unit]
+    if per_ms < 1:
+        low_ms, high_ms = found["min"] * 1000, found["max"] * 1000
+    else:
+        low_ms, high_ms = found["min"] // int(per_ms), -(-found["max"] // int(per_ms))
+    zone = "Z" if type_.tz is not None else ""  # timestamp (UTC) or timestamp_ntz
+    return _iso_ms(low_ms, zone), _iso_ms(high_ms, zone)
+
+
+def _iso_ms(ms: int, zone: str) -> str:
+    at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+    return f"{at:%Y-%m-%dT%H:%M:%S}.{at.microsecond // 1000:03d}{zone}"
 
 
 def sorted_by_order(table: pa.Table, level: str) -> pa.Table:
@@ -413,15 +502,8 @@ class DeltaFormat(ParquetFormat):
         sum_ = self.file_sum(rel)
         if sum_ is not None:
             self._written[rel] = sum_
-        keys = LEVEL_ORDER[level]
-        stats = {"numRecords": table.num_rows,
-                 "minValues": {k: pc.min(table.column(k)).as_py() for k in keys
-                               if table.num_rows},
-                 "maxValues": {k: pc.max(table.column(k)).as_py() for k in keys
-                               if table.num_rows},
-                 "nullCount": {k: 0 for k in keys}}
         return AddAction(name, file.size() or 0, {}, int(time.time() * 1000), True,
-                         json.dumps(stats))
+                         stats_json(file_stats(table)))
 
     def _write_files(self, level: str, table: pa.Table) -> list[AddAction]:
         keys = table.column(LEVEL_ORDER[level][0]).to_numpy()
@@ -672,6 +754,13 @@ class DeltaFormat(ParquetFormat):
     def version_numbers(self) -> list[int]:
         return [v.version for v in self.versions()]
 
+    def reader_versions(self) -> list[dict[str, Any]]:
+        """Each kept version's Delta table versions (`DeltaTable(path, version=n)`,
+        `pl.read_delta(path, version=n)`): a bertpipe version is several commits of each
+        table, so its number is not theirs."""
+        return [{"version": v.version, "tables": dict(sorted(v.tables.items()))}
+                for v in self.versions()]
+
     def at_version(self, version: int) -> DeltaFormat:
         at = DeltaFormat(self.path, version)
         at.record()  # refused here when the version is not kept
@@ -706,12 +795,15 @@ class DeltaFormat(ParquetFormat):
 
     def _vacuum(self, level: str, table: DeltaTable, keep_versions: list[int]) -> int:
         """Delete the level's files that no kept version uses; the bytes freed."""
+        # vacuum's own commits carry the version too: every commit bertpipe makes does
+        tagged = self._properties(None, version=version_of(self.record()))
+
         def vacuum(dry_run: bool) -> list[str]:
             # retention 0: the versions to keep are named; full: also files of writes
             # that never committed (a killed run's)
             return table.vacuum(retention_hours=0, dry_run=dry_run,
                                 enforce_retention_duration=False, full=True,
-                                keep_versions=keep_versions)
+                                keep_versions=keep_versions, commit_properties=tagged)
 
         doomed = vacuum(dry_run=True)
         sizes = sum(self.location.child(level, rel).size() or 0

@@ -405,6 +405,10 @@ class IcechunkFormat(ZarrFormat):
     def version_numbers(self) -> list[int]:
         return [v.version for v in self.versions()]
 
+    def reader_versions(self) -> list[dict[str, Any]]:
+        """Each kept version's snapshot (`repo.readonly_session(snapshot_id=...)`)."""
+        return [{"version": v.version, "snapshot": v.snapshot} for v in self.versions()]
+
     def at_version(self, version: int) -> IcechunkFormat:
         at = IcechunkFormat(self.path, version)
         at._repo = self._repo
