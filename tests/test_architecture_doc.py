@@ -13,7 +13,7 @@ from tests.conftest import REPO
 
 DOC = REPO / "docs" / "architecture.md"
 LAYERS = ("analysis", "run", "post", "extract", "stores", "io", "tests", "pipeline")
-REFERENCE = re.compile(r"(?<![\w<./-])((?:%s)/[\w<>]+)(\.\w+)?" % "|".join(LAYERS))
+REFERENCE = re.compile(r"(?<![\w<./-])((?:" + "|".join(LAYERS) + r")/[\w<>]+)(\.\w+)?")
 
 
 def references() -> list[tuple[str, str]]:
