@@ -544,15 +544,6 @@ def check_incremental(job: Job) -> None:
     if job.output.overwrite:
         raise JobError("output.incremental: an incremental run adds to the store, "
                        "output.overwrite replaces it; choose one")
-    if job.output.format == "zarr":
-        raise JobError("output.incremental: a zarr store is written once (after an update, "
-                       "plain readers would have to find the current version's folder); for "
-                       "a store that grows use output.format: icechunk (a versioned Zarr "
-                       "store: an update writes only the chunks that changed), delta or parquet")
-    if is_url(job.output.path) and job.output.format not in ("icechunk", "delta"):
-        raise JobError("output.incremental: a parquet store on an object store is not updated "
-                       "(its switch renames files, which object stores cannot do); use "
-                       "output.format: icechunk or delta, or run the job in full (--overwrite)")
     if job.token_views:
         raise JobError(f"output.incremental: views.{job.token_views[0].name} has pooling: "
                        "tokens, which incremental runs do not support; drop the token view "

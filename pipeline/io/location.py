@@ -174,6 +174,14 @@ class Location:
     def read_text(self) -> str:
         return self.read_bytes().decode()
 
+    def read_json(self) -> dict[str, Any] | None:
+        """The JSON object in this file; None when it is absent, unreadable or no object."""
+        try:
+            raw = json.loads(self.read_bytes())
+        except (OSError, ValueError):
+            return None
+        return raw if isinstance(raw, dict) else None
+
     def open(self, mode: str = "rb") -> IO[Any]:
         """A file object; reads fetch exactly the ranges asked for (no read-ahead cache)."""
         if self.local:
@@ -324,6 +332,23 @@ class Location:
         if keys:
             self.fs.rm(keys)
         self.fs.invalidate_cache(base)
+
+    def move_to(self, target: Location) -> None:
+        """This file or folder becomes `target`, replacing it. Local: one atomic rename
+        (the way a version is switched to); an object store has no rename, so its keys are
+        copied to the new name (server side), then the old ones removed."""
+        if self.local and target.local:
+            if Path(target.path).is_dir() and not Path(target.path).is_symlink():
+                shutil.rmtree(target.path)  # a folder is replaced whole, never merged
+            Path(target.path).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self.path, target.path)
+            return
+        target.remove_tree()
+        if self.is_dir():
+            self.copy_tree_to(target)
+        else:
+            self.fs.copy(self.path, target.path)
+        self.remove_tree()
 
     def copy_tree_to(self, target: Location) -> None:
         """Object stores: copy every key under this folder to the same place under `target`

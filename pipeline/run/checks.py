@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import JobError, StoreError
-from ..io.location import check_reachable, register_options, resolve, storage_errors
+from ..io.location import check_reachable, is_url, register_options, resolve, storage_errors
 from ..spec import Job, check_incremental
 from ..stores.lock import StoreLock
 from ..stores.ownership import inspect_output
@@ -90,8 +90,30 @@ def check_options(asked: Asked, ready: Ready) -> None:
         if not ready.job.input.id_column:
             raise JobError("output.incremental: needs input.id_column (rows are matched to "
                            "the store by id)")
+        check_format_grows(ready.job)
     elif asked.prune:
         raise JobError("--prune: only with --incremental (or output.incremental: true)")
+
+
+def check_format_grows(job: Job) -> None:
+    """The job's format can be updated, there (the format says: `cannot_grow`,
+    `cannot_grow_on_object_store`), else the formats that can are named."""
+    from ..stores import formats  # why here: the formats import their libraries
+
+    fmt, every = formats()[job.output.format], formats().items()
+    if fmt.cannot_grow:
+        growing = [name for name, other in every if not other.cannot_grow]
+        raise JobError(f"output.incremental: {fmt.cannot_grow}; for a store that grows use "
+                       f"output.format: {_either(growing)}")
+    if is_url(job.output.path) and fmt.cannot_grow_on_object_store:
+        there = [name for name, other in every
+                 if not other.cannot_grow and not other.cannot_grow_on_object_store]
+        raise JobError(f"output.incremental: {fmt.cannot_grow_on_object_store}; use "
+                       f"output.format: {_either(there)}, or run the job in full (--overwrite)")
+
+
+def _either(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
 
 
 def check_job(asked: Asked, ready: Ready) -> None:
@@ -104,9 +126,10 @@ def check_job(asked: Asked, ready: Ready) -> None:
 
 def check_output(asked: Asked, ready: Ready) -> None:
     check_output_where(ready.job, asked.job_file)
-    from ..stores import format_named  # why here: the formats import zarr and xarray
+    if is_url(ready.job.output.path):  # every format writes to a local folder
+        from ..stores import format_named  # why here: a format imports its libraries
 
-    format_named(ready.job.output.format).check_location(resolve(ready.job.output.path))
+        format_named(ready.job.output.format).check_location(resolve(ready.job.output.path))
 
 
 def check_lock(asked: Asked, ready: Ready) -> None:

@@ -8,6 +8,7 @@ that needs only `stores.lock` (or `io.location`) does not pay for them.
 from __future__ import annotations
 
 from functools import cache
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StoreError
@@ -18,24 +19,33 @@ if TYPE_CHECKING:
     from .staging import Staging
 
 
+# Every store format: its `output.format` name, the module and the class that implement it,
+# in the order a store is recognised. A format is one module here plus its rows in the
+# reader-contract table (docs/architecture.md, "A store format").
+REGISTRY: dict[str, tuple[str, str]] = {
+    "zarr": ("zarr_store", "ZarrFormat"),
+    "parquet": ("parquet_store", "ParquetFormat"),
+    "icechunk": ("icechunk_store", "IcechunkFormat"),
+    "delta": ("delta_store", "DeltaFormat"),
+}
+
+
 @cache
-def formats() -> dict[str, type[StoreFormat]]:
-    """Every store format by its `output.format` name."""
-    from .delta_store import DeltaFormat
-    from .icechunk_store import IcechunkFormat
-    from .parquet_store import ParquetFormat
-    from .zarr_store import ZarrFormat
-
-    return {"zarr": ZarrFormat, "parquet": ParquetFormat, "icechunk": IcechunkFormat,
-            "delta": DeltaFormat}
-
-
 def format_named(name: str) -> type[StoreFormat]:
+    """The format class of `name`, its module imported now (a format imports its own
+    libraries: a command that needs one format pays for that one)."""
     try:
-        return formats()[name]
+        module, cls = REGISTRY[name]
     except KeyError:
         raise StoreError(f"output.format: unknown {name!r}; valid: "
-                         f"{', '.join(formats())}") from None
+                         f"{', '.join(REGISTRY)}") from None
+    found: type[StoreFormat] = getattr(import_module(f"{__name__}.{module}"), cls)
+    return found
+
+
+def formats() -> dict[str, type[StoreFormat]]:
+    """Every store format by its `output.format` name, in the order they are recognised."""
+    return {name: format_named(name) for name in REGISTRY}
 
 
 def store_at(path: str, name: str) -> StoreFormat:

@@ -123,6 +123,13 @@ class StoreFormat(ABC):
     appends_edits: ClassVar[bool] = False
     # The URL schemes the format writes to (None: any fsspec URL); a local folder always
     url_schemes: ClassVar[tuple[str, ...] | None] = None
+    # The entries of a store folder that are the format's (what `--overwrite` may remove,
+    # with the staging area); every other entry is the user's
+    own_entries: ClassVar[frozenset[str]]
+    # Why the format's stores cannot be updated by an incremental run ("" where they can),
+    # and why not on an object store ("" where they can there too)
+    cannot_grow: ClassVar[str] = ""
+    cannot_grow_on_object_store: ClassVar[str] = ""
 
     def __init__(self, path: str) -> None:
         self.path = str(path)
@@ -137,6 +144,12 @@ class StoreFormat(ABC):
     @abstractmethod
     def holds_store(cls, path: str) -> bool:
         """Whether `path` holds a store of this format."""
+
+    @classmethod
+    @abstractmethod
+    def is_ours(cls, root: Location) -> bool:
+        """Whether `root` holds a bertpipe store of this format, complete or not (its own
+        marker is there: a folder that merely looks like the format is not ours)."""
 
     @classmethod
     def check_location(cls, location: Location) -> None:
@@ -159,8 +172,16 @@ class StoreFormat(ABC):
 
     def reread(self) -> dict[str, Any] | None:
         """The provenance as stored now (another process may have switched the version)."""
-        self._record_read = False
+        self._forget_record()
         return self.record()
+
+    def _remember_record(self, raw: dict[str, Any]) -> None:
+        """What a subclass just wrote is the record: no read needed to know it."""
+        self._record, self._record_read = raw, True
+
+    def _forget_record(self) -> None:
+        """The record changed where this handle cannot see it: read it again when asked."""
+        self._record_read = False
 
     def provenance(self) -> Provenance:
         return Provenance.from_dict(self.record() or {}, self.path)
@@ -293,7 +314,6 @@ class StoreFormat(ABC):
         """What follows the first version's data (the provenance, where not written yet)."""
         self.write_record(raw)
 
-    @abstractmethod
     @abstractmethod
     def _switch(self, version: int, raw: dict[str, Any], previous: int) -> None:
         """Seal `raw` with the new version's checksums and make it current."""

@@ -300,9 +300,16 @@ class DeltaFormat(ParquetFormat):
         self._snapshots: dict[tuple[str, int], DeltaTable | None] = {}
         self._docs_keys: np.ndarray | None = None  # docs `row` keys as opened, in order
 
+    cannot_grow_on_object_store = ""  # a commit is a new log entry: no file is renamed
+
     @classmethod
     def holds_store(cls, path: str) -> bool:
         return resolve(path).child("docs", LOG_DIR).is_dir()
+
+    @classmethod
+    def is_ours(cls, root: Location) -> bool:
+        """A Delta table at docs/ whose commits carry bertpipe's provenance."""
+        return cls.holds_store(root.address) and cls(root.address).record() is not None
 
     # ---- the tables ---------------------------------------------------------------
 
@@ -461,7 +468,7 @@ class DeltaFormat(ParquetFormat):
         assert self._heads is not None  # every write begins with _begin_write
         self._heads[level] = self._heads.get(level, -1) + 1
         self._history = None
-        self._record_read = False
+        self._forget_record()
 
     def _writer_table(self, level: str) -> DeltaTable | None:
         """The table as this handle's next commit builds on it (None: not made yet)."""
@@ -629,7 +636,7 @@ class DeltaFormat(ParquetFormat):
             self._write_record(sealed_raw)
         else:
             self._commit_level("docs", docs, self._properties(sealed_raw))
-        self._record, self._record_read = sealed_raw, True
+        self._remember_record(sealed_raw)
         self._history = None
 
     def _sealed(self, raw: dict[str, Any], version: int) -> dict[str, Any]:

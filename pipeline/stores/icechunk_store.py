@@ -48,6 +48,7 @@ from .base import StreamedVersion
 from .columns import MISSING_ATTRIBUTE, StoredColumns
 from .integrity import CHUNK_DIR, VerifiedStore, files_by_array
 from .provenance import FileSum, is_complete, version_of
+from .staging import STAGING_DIR
 from .zarr_store import (
     DATA_DIRS,
     LEVEL_DIMS,
@@ -164,9 +165,18 @@ class IcechunkFormat(ZarrFormat):
         self._writer: icechunk.Session | None = None
         self._written: dict[str, FileSum] = {}
 
+    own_entries = frozenset({REPOSITORY, "index", STAGING_DIR})
+    cannot_grow = ""  # a commit is a new snapshot: readers of the last one keep it
+
     @classmethod
     def holds_store(cls, path: str) -> bool:
         return is_repository(resolve(path))
+
+    @classmethod
+    def is_ours(cls, root: Location) -> bool:
+        """An Icechunk repository whose branch head carries bertpipe's provenance."""
+        return is_repository(root) and \
+            cls(root.url if not root.local else root.path).record() is not None
 
     # ---- the repository and its sessions -----------------------------------------
 
@@ -220,7 +230,7 @@ class IcechunkFormat(ZarrFormat):
             raise StoreError(f"{self.path}: another run committed to the store meanwhile "
                              f"({exc}); nothing of this run was committed") from None
         self._writer, self._reader = None, None
-        self._record, self._record_read = raw, True
+        self._remember_record(raw)
 
     # ---- the provenance ----------------------------------------------------------
 

@@ -30,9 +30,7 @@ import io
 import json
 import mmap
 import os
-import shutil
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
@@ -393,6 +391,28 @@ class ParquetFormat(StoreFormat):
     # that the version it read the provenance of is still the one it opened
     atomic_switch = False
 
+    own_entries = frozenset({"docs", "chunks", "tokens", "post", "index", STAGING_DIR})
+    cannot_grow_on_object_store = ("a parquet store on an object store is not updated (its "
+                                   "switch renames files, which object stores cannot do)")
+
+    @classmethod
+    def is_ours(cls, root: Location) -> bool:
+        """Its first docs file carries `bertpipe` metadata in its footer."""
+        file = root.child(DOCS_FILE)
+        if not file.is_file():
+            return False
+        try:
+            with file.open("rb") as f:
+                metadata = pq.read_schema(f).metadata or {}
+        except (OSError, pa.ArrowInvalid) as exc:
+            # why refuse: a damaged footer cannot show whose file this is, so nothing may
+            # replace it, and calling it "not a store" would hide the damage
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise StoreError(f"{file}: damaged Parquet file ({first}); it cannot be shown to "
+                             "be a bertpipe store, so it is left alone: move it away or delete "
+                             "it, then rerun") from None
+        return b"bertpipe" in metadata
+
     @classmethod
     def holds_store(cls, path: str) -> bool:
         root = resolve(path)
@@ -418,8 +438,8 @@ class ParquetFormat(StoreFormat):
         update's (`publish` moves its files into place)."""
         if version == 0:
             return self.location
-        shutil.rmtree(_next_root(self.path), ignore_errors=True)  # what a killed update left
-        return resolve(str(_next_root(self.path)))
+        self._next.remove_tree()  # what a killed update left
+        return self._next
 
     def _write_level(self, target: Location, level: StagedLevel, raw: dict[str, Any] | None
                      ) -> None:
@@ -440,39 +460,41 @@ class ParquetFormat(StoreFormat):
     def _after_commit(self, raw: dict[str, Any]) -> None:
         """The docs file, written last, holds the provenance already (a complete one is
         sealed by a later `write_record`)."""
-        self._record, self._record_read = raw, True
+        self._remember_record(raw)
         if is_complete(raw):
             self.write_record(raw)
 
     def _switch(self, version: int, raw: dict[str, Any], previous: int) -> None:
-        staged = ParquetFormat(str(_next_root(self.path)))
+        staged = ParquetFormat(self._next.path)
         sums = self.checksums(LEVEL_FILES, root=staged)
         sums.update(self.checksums([rel for rel in self.data_files()
                                     if rel.startswith("post/")]))
         _replace_footer(staged.location.child(DOCS_FILE), sealed(raw, sums))
         self.recover()
-        self._record, self._record_read = sealed(raw, sums), True
+        self._remember_record(sealed(raw, sums))
 
     def recover(self) -> None:
         """Finish a switch: a staged docs file whose provenance is complete was sealed, so
         its version is the one to publish (rename the chunks file, then the docs file)."""
-        staged = _next_root(self.path)
-        docs = staged / DOCS_FILE
-        if not docs.is_file() or not is_complete(_metadata(resolve(str(docs)))):
+        docs = self._next.child(DOCS_FILE)
+        if not docs.is_file() or not is_complete(_metadata(docs)):
             return
-        root = Path(self.path)
-        chunks = staged / LEVEL_FILES[1]
+        chunks = self._next.child(LEVEL_FILES[1])
         if chunks.is_file():
-            (root / "chunks").mkdir(exist_ok=True)
-            os.replace(chunks, root / LEVEL_FILES[1])
-        os.replace(docs, root / DOCS_FILE)  # the switch: the provenance names the version
-        shutil.rmtree(staged, ignore_errors=True)
-        self._record_read = False
+            chunks.move_to(self.location.child(LEVEL_FILES[1]))
+        docs.move_to(self.location.child(DOCS_FILE))  # the switch: the provenance names it
+        self._next.remove_tree()
+        self._forget_record()
 
     def drop_retired(self) -> None:
         """Nothing stays of a retired version (its files were replaced by rename; readers
         that mapped them keep them until they close); a staged one never published goes."""
-        shutil.rmtree(_next_root(self.path), ignore_errors=True)
+        self._next.remove_tree()
+
+    @property
+    def _next(self) -> Location:
+        """Where an update's version is written before its switch (`_bertpipe/next/`)."""
+        return self.location.child(STAGING_DIR, NEXT_DIR)
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -540,6 +562,3 @@ class ParquetFormat(StoreFormat):
         with np.load(io.BytesIO(raw)) as data:
             return {key: data[key] for key in data.files}
 
-
-def _next_root(path: str) -> Path:
-    return Path(path) / STAGING_DIR / NEXT_DIR

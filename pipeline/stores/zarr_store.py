@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
-import shutil
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,6 +45,7 @@ from .base import StagedLevel, StoreFormat, column_matrix
 from .columns import MISSING_ATTRIBUTE, StoredColumns, strings_as_objects
 from .integrity import VerifiedStore, file_sum
 from .provenance import FileSum, version_of
+from .staging import STAGING_DIR
 
 ROWS_PER_CHUNK = 8192
 # xarray makes a 1-D array named like its dimension an index, read whole on open. The docs
@@ -255,16 +253,9 @@ def describe_arrays(root: Any, provenance: dict[str, Any]) -> None:
 
 
 def _move_array(group: Location, source: str, target: str) -> None:
-    """Array `source` of a group becomes `target` (replacing it). Local: a rename of its
-    folder. Object store: no rename, so its keys are copied to the new name (server side),
-    then the old ones removed."""
-    if group.local:
-        shutil.rmtree(Path(group.path, target), ignore_errors=True)
-        os.replace(Path(group.path, source), Path(group.path, target))
-        return
-    group.child(target).remove_tree()
-    group.child(source).copy_tree_to(group.child(target))
-    group.child(source).remove_tree()
+    """Array `source` of a group becomes `target` (replacing it): a rename of its folder
+    locally, a copy of its keys on an object store (`Location.move_to`)."""
+    group.child(source).move_to(group.child(target))
 
 
 # As plain xarray shows a group (`xr.open_zarr(path, group="docs")`), which is when a
@@ -350,15 +341,26 @@ class ZarrFormat(StoreFormat):
     # a reader that read the provenance keeps a consistent view without reading it again
     atomic_switch = True
 
+    own_entries = frozenset({"zarr.json", "ids", "docs", "chunks", "tokens", "post", "index",
+                             "versions", STAGING_DIR})
+    cannot_grow = ("a zarr store is written once (after an update, plain readers would have "
+                   "to find the current version's folder)")
+
     @classmethod
     def holds_store(cls, path: str) -> bool:
         return resolve(path).child("zarr.json").exists()
+
+    @classmethod
+    def is_ours(cls, root: Location) -> bool:
+        """Its `zarr.json` carries a `bertpipe` attribute (read as JSON: no zarr needed)."""
+        raw = root.child("zarr.json").read_json() or {}
+        return isinstance((raw.get("attributes") or {}).get("bertpipe"), dict)
 
     def create(self, raw: dict[str, Any]) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             _open_group(self.path, mode="a", attributes={"bertpipe": raw})
-        self._record, self._record_read = raw, True
+        self._remember_record(raw)
 
     def _read_record(self) -> dict[str, Any] | None:
         try:
@@ -432,16 +434,15 @@ class ZarrFormat(StoreFormat):
     def drop_retired(self) -> None:
         """What is left of versions before the current one in a store an earlier bertpipe
         updated (`versions/<n>/`; kept for the readers that opened them)."""
-        root = Path(self.path)
         current = version_of(self.record())
-        doomed = [root / name for name in DATA_DIRS] if current else []
-        versions = root / VERSIONS_DIR
+        doomed = [self.location.child(name) for name in DATA_DIRS] if current else []
+        versions = self.location.child(VERSIONS_DIR)
         if versions.is_dir():
-            doomed += [p for p in versions.iterdir() if p.is_dir() and p.name != str(current)]
+            doomed += [p for p in versions.entries() if p.is_dir() and p.name != str(current)]
         removed = False
         for folder in doomed:
             if folder.is_dir():
-                shutil.rmtree(folder)
+                folder.remove_tree()
                 removed = True
         if removed:
             # why: consolidated metadata naming a removed array would read as fill values
