@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import BIN, WORK, Proc, build_input, load, run_process, write_job  # noqa: E402
+from run import BIN, WORK, Proc, build_input, input_table, load, run_process, write_job  # noqa: E402
 
 POOLED = {"mean": {"pooling": "mean"}}
 TOKENS = {"tok": {"pooling": "tokens"}}
@@ -47,6 +47,11 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 BASELINES = {"zarr, tokens": ["zarr, pooled", "zarr, pooled torch"],
              "parquet, tokens": ["parquet, pooled", "parquet, pooled torch"]}
+
+
+def benchmark_inputs(rows: int) -> dict[str, list[str]]:
+    """Every text input this benchmark encodes at `--rows rows` (tests/test_benchmarks.py)."""
+    return {f"{rows} rows": input_table(rows).column("text").to_pylist()}
 
 
 @dataclass
