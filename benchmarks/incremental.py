@@ -115,4 +115,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from record import captured  # the result file docs/results.md is rendered from
+
+    with captured(__file__, 'Incremental runs'):
+        main()

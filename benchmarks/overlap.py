@@ -101,4 +101,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from record import captured  # the result file docs/results.md is rendered from
+
+    with captured(__file__, 'The whole process against its encoder', children=("--encoder-alone",)):
+        main()

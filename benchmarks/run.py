@@ -110,6 +110,11 @@ def cpu_info() -> dict[str, Any]:
             "bf16": bool(flags & {"avx512_bf16", "amx_bf16"})}
 
 
+def progress(text: str) -> None:
+    """A line on how far the run has got: stderr, so the result file keeps the report only."""
+    print(text, file=sys.stderr, flush=True)
+
+
 def load() -> float:
     return os.getloadavg()[0]
 
@@ -301,14 +306,13 @@ def main() -> None:
     cpu = cpu_info()
     source = build_input(args.rows, f"reviews-{args.rows}")
     tokens = count_tokens(source)
-    print(f"machine: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}; "
-          f"load average {load():.1f}", flush=True)
-    print(f"input: {args.rows} reviews, {tokens} tokens (mean {tokens / args.rows:.0f})",
-          flush=True)
+    progress(f"machine: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}; "
+             f"load average {load():.1f}")
+    progress(f"input: {args.rows} reviews, {tokens} tokens (mean {tokens / args.rows:.0f})")
 
     measured = last_json(run_process([sys.executable, __file__, "--in-process", str(source),
                                       "bf16" if cpu["bf16"] else "fp32"]))
-    print(f"encoder alone: {measured['encoder_only']}", flush=True)
+    progress(f"encoder alone: {measured['encoder_only']}")
     jobs = {name: write_job(f"case-{i}", source, runtime, dtype, views)
             for i, (name, (runtime, dtype, views)) in enumerate(CASES.items())}
     prepare(jobs)
@@ -337,8 +341,8 @@ def prepare(jobs: dict[str, Path]) -> None:
     for name, (runtime, dtype, _) in CASES.items():
         if "auto" in (runtime, dtype) and name in jobs:
             calibration = run_process([str(BIN / "bertpipe"), "calibrate", str(jobs[name])])
-            print(f"calibration of {name!r} (once per machine, untimed): "
-                  f"{calibration.wall:.1f} s", flush=True)
+            progress(f"calibration of {name!r} (once per machine, untimed): "
+                     f"{calibration.wall:.1f} s")
 
 
 def peer_commands(peer_python: Path, peer_model: Path, source: Path,
@@ -372,7 +376,7 @@ def alternate(commands: dict[str, list[str]], reps: int
         order = list(commands) if rep % 2 == 0 else list(commands)[::-1]
         for name in order:
             runs[name].append(run_process(commands[name]))
-        print(f"round {rep + 1}/{reps} done (load average {load():.1f})", flush=True)
+        progress(f"round {rep + 1}/{reps} done (load average {load():.1f})")
     return runs, (before, load())
 
 
@@ -392,7 +396,7 @@ def steady_pair(args: argparse.Namespace, peer_python: Path, peer: str
     prepare(jobs)
     commands = peer_commands(peer_python, args.peer_model, source, {peer: PEERS[peer]})
     commands.update(bertpipe_commands(jobs))
-    print(f"steady state: {STEADY_CASE} against {peer} on {args.steady_rows} rows", flush=True)
+    progress(f"steady state: {STEADY_CASE} against {peer} on {args.steady_rows} rows")
     runs, loads = alternate(commands, args.reps)
     return {"rows": args.steady_rows, "tokens": count_tokens(source), "peer": peer,
             "loads": loads, "runs": runs}
@@ -619,4 +623,8 @@ def report_steady(steady: dict[str, Any], cpu: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from record import captured  # the result file docs/results.md is rendered from
+
+    with captured(__file__, "CPU runtimes against sentence-transformers' backends",
+                  children=("--in-process",)):
+        main()

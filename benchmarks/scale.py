@@ -320,4 +320,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from record import captured  # the result file docs/results.md is rendered from
+
+    with captured(__file__, 'Stores that grow: Icechunk, Parquet and Delta'):
+        main()

@@ -10,7 +10,9 @@ cannot go unchecked.
 
 from __future__ import annotations
 
+import datetime
 import importlib
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -148,3 +150,79 @@ def test_the_steady_state_table_sets_the_defaults_against_the_peer(load) -> None
     assert rows[0][1:] == ["2.0 / 2.0", "10.0 / 18.0", "125", "62", "90%"]
     assert rows[1][1:] == ["4.0 / 4.0", "14.0 / 24.0", "100", "50", "86%"]
     assert rows[2][2:5] == ["1.40x / 1.33x", "1.25x", "1.25x"]
+
+
+# ---- docs/results.md: rendered from the result files ----------------------------------------
+
+PAGE = BENCHMARKS.parent / "docs" / "results.md"
+
+
+def test_the_results_page_is_the_rendering_of_the_result_files(load) -> None:
+    """A hand edit of docs/results.md, or a result file changed without `make results`,
+    fails here."""
+    page = load("results_page")
+    assert PAGE.read_text() == page.render(), "docs/results.md is stale: run make results"
+
+
+@pytest.mark.parametrize("name", benchmark_names())
+def test_every_benchmark_has_a_result_file_naming_machine_and_date(load, name: str) -> None:
+    record = load("record")
+    path = record.RESULTS / f"{name}.json"
+    assert path.exists(), f"benchmarks/{name}.py has no result file: seed it or run it"
+    result = json.loads(path.read_text())
+    assert result["benchmark"] == name and result["title"] and result["command"]
+    for run in result["runs"]:
+        assert set(run["machine"]) == {"cpu", "flags", "cores"}, run["machine"]
+        assert all(run["machine"].values())  # a name, or "not recorded": never blank
+        date = run["date"]
+        assert date == record.NOT_RECORDED or datetime.date.fromisoformat(date)
+        assert run["blocks"], f"{name}: a run without figures"
+
+
+def test_a_rerun_replaces_the_benchmark_s_figures_on_the_page(load, tmp_path, monkeypatch,
+                                                               capsys) -> None:
+    record, page = load("record"), load("results_page")
+    folder = tmp_path / "results"
+    folder.mkdir()
+    for path in record.RESULTS.glob("*.json"):
+        (folder / path.name).write_text(path.read_text())
+    assert "| 10,000 (1 round) | 1,141,574 | 5,408 |" in page.render(folder)
+    monkeypatch.setattr(sys, "argv", ["overlap.py", "--rows", "12000"])
+    with record.captured(str(BENCHMARKS / "overlap.py"), "The whole process against its "
+                         "encoder", folder=folder):
+        print("whole process 7,654 tokens/s")
+    rendered = page.render(folder)
+    section = rendered.split("## The whole process against its encoder")[1].split("\n## ")[0]
+    assert "whole process 7,654 tokens/s" in section
+    assert "5,408" not in rendered  # the run it replaced: in git's history only
+    assert "`python benchmarks/overlap.py --rows 12000`" in section
+    assert f"**Date:** {record.today()}." in section
+    assert f"**Machine:** {record.machine()['cpu']}" in section
+    assert "whole process 7,654 tokens/s" in capsys.readouterr().out  # still printed
+
+
+@pytest.mark.parametrize("argv", [["overlap.py", "--no-record"],
+                                  ["overlap.py", "--encoder-alone", "job.yaml"]])
+def test_a_trial_run_or_a_child_process_writes_no_result(load, tmp_path, monkeypatch,
+                                                        argv: list[str]) -> None:
+    record = load("record")
+    monkeypatch.setattr(sys, "argv", argv)
+    with record.captured("overlap.py", "title", children=("--encoder-alone",),
+                         folder=tmp_path):
+        assert "--no-record" not in sys.argv  # the benchmark's own parser never sees it
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_failed_run_writes_no_result(load, tmp_path, monkeypatch) -> None:
+    record = load("record")
+    monkeypatch.setattr(sys, "argv", ["overlap.py"])
+    with pytest.raises(RuntimeError), record.captured("overlap.py", "t", folder=tmp_path):
+        print("half a report")
+        raise RuntimeError("a case failed")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_table_with_a_missing_cell_is_refused(load) -> None:
+    page = load("results_page")
+    with pytest.raises(ValueError, match="2 cells"):
+        page.table_lines({"columns": ["a", "b"], "align": "lr", "rows": [["1"]]})
