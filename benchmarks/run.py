@@ -505,6 +505,10 @@ class Phases:
         the rest is time a core waited for this process or served another one."""
         return self.cpu / (self.wall * cores)
 
+    def cores_busy_after(self, cores: int) -> float:
+        """The same after the first batch: start-up is mostly one thread importing."""
+        return (self.cpu - self.startup_cpu) / ((self.wall - self.startup_wall) * cores)
+
 
 def phases(runs: dict[str, list[Proc]], name: str) -> Phases:
     """A peer prints its own first-batch line; a bertpipe case's start-up comes from its
@@ -601,7 +605,7 @@ def steady_rows(steady: dict[str, Any], cores: int) -> list[list[str]]:
         after, after_cpu = ph.steady(tokens)
         rows.append([name, f"{ph.startup_wall:.1f} / {ph.startup_cpu:.1f}",
                      f"{ph.wall:.1f} / {ph.cpu:.1f}", f"{after:,.0f}", f"{after_cpu:,.0f}",
-                     f"{ph.cores_busy(cores):.0%}"])
+                     f"{ph.cores_busy(cores):.0%} / {ph.cores_busy_after(cores):.0%}"])
     ours, peer = figures[STEADY_CASE], figures[steady["peer"]]
     (a, a_cpu), (b, b_cpu) = ours.steady(tokens), peer.steady(tokens)
     rows.append(["ratio (defaults / peer)", "", f"{peer.wall / ours.wall:.2f}x / "
@@ -610,7 +614,8 @@ def steady_rows(steady: dict[str, Any], cores: int) -> list[list[str]]:
 
 
 STEADY_COLUMNS = ["case", "start-up to first batch, wall / CPU s", "whole process, wall / CPU s",
-                  "tokens/s after the first batch", "tokens per CPU-s after it", "cores busy"]
+                  "tokens/s after the first batch", "tokens per CPU-s after it",
+                  "cores busy, whole / after the first batch"]
 
 
 def report_steady(steady: dict[str, Any], cpu: dict[str, Any]) -> None:

@@ -129,6 +129,7 @@ def test_a_bertpipe_case_takes_its_start_up_from_its_twin(load) -> None:
     assert (ph.wall, ph.cpu, ph.startup_wall, ph.startup_cpu) == (22, 38, 6.5, 7.5)
     assert ph.steady(31_000) == pytest.approx((31_000 / 15.5, 31_000 / 30.5))
     assert ph.cores_busy(2) == pytest.approx(38 / 44)
+    assert ph.cores_busy_after(2) == pytest.approx(30.5 / 31)
 
 
 def test_a_peer_takes_its_start_up_from_its_own_first_batch_line(load) -> None:
@@ -147,8 +148,8 @@ def test_the_steady_state_table_sets_the_defaults_against_the_peer(load) -> None
     rows = run.steady_rows(steady, cores=2)
     assert [r[0] for r in rows] == ["bertpipe defaults", "st openvino",
                                     "ratio (defaults / peer)"]
-    assert rows[0][1:] == ["2.0 / 2.0", "10.0 / 18.0", "125", "62", "90%"]
-    assert rows[1][1:] == ["4.0 / 4.0", "14.0 / 24.0", "100", "50", "86%"]
+    assert rows[0][1:] == ["2.0 / 2.0", "10.0 / 18.0", "125", "62", "90% / 100%"]
+    assert rows[1][1:] == ["4.0 / 4.0", "14.0 / 24.0", "100", "50", "86% / 100%"]
     assert rows[2][2:5] == ["1.40x / 1.33x", "1.25x", "1.25x"]
 
 
