@@ -94,9 +94,12 @@ def captured(script: str, title: str, children: tuple[str, ...] = (),
         yield
         return
     command = "python " + shlex.join([f"benchmarks/{name}.py", *sys.argv[1:]])
+    before = os.getloadavg()[0]  # other work on the machine moves every figure: say how much
     tee = _Tee(sys.stdout)
     with contextlib.redirect_stdout(tee):
         yield
     lines = tee.kept.getvalue().rstrip("\n").splitlines()
-    save(name, title, command, [{"machine": machine(), "date": today(), "conditions": "",
-                                 "blocks": [{"output": lines}]}], folder)
+    conditions = f"load average {before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    save(name, title, command, [{"machine": machine(), "date": today(),
+                                 "conditions": conditions, "blocks": [{"output": lines}]}],
+         folder)

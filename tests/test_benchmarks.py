@@ -199,6 +199,7 @@ def test_a_rerun_replaces_the_benchmark_s_figures_on_the_page(load, tmp_path, mo
     assert "`python benchmarks/overlap.py --rows 12000`" in section
     assert f"**Date:** {record.today()}." in section
     assert f"**Machine:** {record.machine()['cpu']}" in section
+    assert "**Conditions:** load average " in section
     assert "whole process 7,654 tokens/s" in capsys.readouterr().out  # still printed
 
 
