@@ -45,7 +45,8 @@ def benchmark_names() -> list[str]:
 @pytest.fixture(scope="module")
 def load() -> Iterator[object]:
     """Imports a benchmark as its scripts import each other (by top-level name, from
-    benchmarks/), then puts back what their imports change (environment, path)."""
+    benchmarks/), then puts back what their imports change (environment, path, and the
+    top-level names `run`, `scale`, ... they took in sys.modules)."""
     environ, path = dict(os.environ), list(sys.path)
     sys.path.insert(0, str(BENCHMARKS))
 
@@ -56,6 +57,9 @@ def load() -> Iterator[object]:
     os.environ.clear()
     os.environ.update(environ)
     sys.path[:] = path
+    for name, module in list(sys.modules.items()):
+        if Path(getattr(module, "__file__", None) or "/").parent == BENCHMARKS:
+            del sys.modules[name]
 
 
 def test_every_module_is_a_benchmark_or_named_as_something_else() -> None:
