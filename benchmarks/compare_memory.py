@@ -37,9 +37,9 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import REPO, WORK, cpu_info, load  # noqa: E402
+from texts import sample_sentences  # noqa: E402
 
-SENTENCES = [s.strip() for t in pq.read_table(REPO / "data" / "reviews.parquet")
-             .column("text").to_pylist() for s in t.split(".") if len(s.split()) > 3]
+SENTENCES = sample_sentences()
 PARTITION_ROWS = 8192
 
 
@@ -54,6 +54,19 @@ def changed(rows: int) -> set[int]:
     return set(range(0, rows, 1000))
 
 
+def grown_texts(rows: int, start: int, stop: int) -> list[str]:
+    """Rows `start` to `stop` of the grown input: the store's texts, 0.1% of them edited,
+    and 1% new rows after them (distinct: each names its row)."""
+    edits = changed(rows)
+    return [text(i, 1 if i in edits else 0) for i in range(start, stop)]
+
+
+def benchmark_inputs(rows: int) -> dict[str, list[str]]:
+    """Every text input this benchmark encodes at `--rows rows` (tests/test_benchmarks.py)."""
+    return {"store": [text(i) for i in range(rows)],
+            "grown input": grown_texts(rows, 0, rows + rows // 100)}
+
+
 def build(rows: int) -> Path:
     """The grown input: the store's rows (0.1% edited) and 1% new ones."""
     path = WORK / f"compare-memory-{rows}.parquet"
@@ -61,13 +74,12 @@ def build(rows: int) -> Path:
     if path.exists() and pq.read_metadata(path).num_rows == total:
         return path
     WORK.mkdir(parents=True, exist_ok=True)
-    edits = changed(rows)
     schema = pa.schema([("id", pa.int64()), ("text", pa.string())])
     with pq.ParquetWriter(path, schema) as out:
         for start in range(0, total, 1_000_000):
             ids = range(start, min(start + 1_000_000, total))
-            out.write_table(pa.table({"id": list(ids), "text": [
-                text(i, 1 if i in edits else 0) for i in ids]}, schema),
+            out.write_table(pa.table({"id": list(ids), "text": grown_texts(
+                rows, ids.start, ids.stop)}, schema),
                 row_group_size=50_000)
     return path
 
@@ -153,4 +165,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from record import captured  # the result file docs/results.md is rendered from
+
+    with captured(__file__, "An update's comparison at ten million rows", children=("--one",)):
+        main()

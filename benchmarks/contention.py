@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import REPO, WORK, Proc, cpu_info, load, write_job  # noqa: E402
 from run import run_process as run_until_done  # noqa: E402
+from texts import distinct_reviews  # noqa: E402
 
 CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 SPIN = "while True: pass"
@@ -53,13 +54,19 @@ def busy(per_core: int) -> Iterator[None]:
             proc.wait()
 
 
+def benchmark_inputs(rows: int) -> dict[str, list[str]]:
+    """Every text input this benchmark encodes at `--rows rows` (tests/test_benchmarks.py)."""
+    return {f"{rows} rows": distinct_reviews(rows)}
+
+
 def jobs(runtimes: list[str], rows: int) -> dict[str, Path]:
-    """One job per runtime: the first `rows` of the 600 distinct sample reviews, float32,
-    one view, in-process."""
+    """One job per runtime: `rows` distinct reviews (the first `rows` samples, up to 600),
+    float32, one view, in-process."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     source = WORK / f"contention-{rows}.parquet"
-    pq.write_table(pq.read_table(REPO / "data" / "reviews.parquet").slice(0, rows), source)
+    pq.write_table(pa.table({"id": list(range(rows)), "text": distinct_reviews(rows)}), source)
     return {rt: write_job(f"contention-{rt}", source, rt, "float32", {"mean": {"pooling": "mean"}},
                           partition_rows=200) for rt in runtimes}
 
@@ -70,7 +77,7 @@ def main() -> None:
     ap.add_argument("--runtimes", nargs="+", default=["torch", "openvino"])
     ap.add_argument("--loads", nargs="+", type=int, default=[0, 1, 3],
                     help="busy processes per core")
-    ap.add_argument("--rows", type=int, default=600, help="texts (at most the 600 samples)")
+    ap.add_argument("--rows", type=int, default=600, help="distinct texts")
     ap.add_argument("--code", type=Path, nargs="+", default=[REPO],
                     help="the bertpipe checkouts to run")
     ap.add_argument("--env", nargs="*", default=[], help="NAME=VALUE for the bertpipe process")
@@ -112,5 +119,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    WORK.mkdir(parents=True, exist_ok=True)
-    main()
+    from record import captured  # the result file docs/results.md is rendered from
+
+    with captured(__file__, 'Shared cores: CPU seconds beside busy processes'):
+        WORK.mkdir(parents=True, exist_ok=True)
+        main()

@@ -11,8 +11,9 @@ Each step is a whole `bertpipe extract` process, as a scheduled job runs it:
   4. full run over the grown table into a new store (what the job costs without it)
 
 Prints the wall times, full / incremental, and the largest difference between the two
-stores' vectors, matched by id. Texts are the 600 sample reviews, each repeated with a
-distinct prefix, so that no two rows share a text (identical texts are encoded once).
+stores' vectors, matched by id. Texts are distinct reviews (benchmarks/texts.py: the 600
+samples, then each again with a copy number appended), so that no two rows share a text
+(identical texts are encoded once).
 """
 
 from __future__ import annotations
@@ -28,18 +29,25 @@ import pyarrow.parquet as pq
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import BIN, MODEL, REPO, WORK, run_process  # noqa: E402
+from run import BIN, MODEL, WORK, run_process  # noqa: E402
+from texts import distinct_reviews, review_labels  # noqa: E402
 
 
-def distinct_reviews(rows: int) -> pa.Table:
-    src = pq.read_table(REPO / "data" / "reviews.parquet", columns=["text", "label"])
-    texts = src.column("text").to_pylist()
-    labels = src.column("label").to_pylist()
-    return pa.table({
-        "id": pa.array(np.arange(rows, dtype=np.int64)),
-        "text": [f"Review {i}: {texts[i % len(texts)]}" for i in range(rows)],
-        "label": [labels[i % len(labels)] for i in range(rows)],
-    })
+def input_table(rows: int) -> pa.Table:
+    """The grown table: `rows` distinct reviews, their labels, fresh ids."""
+    return pa.table({"id": pa.array(np.arange(rows, dtype=np.int64)),
+                     "text": distinct_reviews(rows), "label": review_labels(rows)})
+
+
+def added_rows(rows: int, grow: float) -> int:
+    return max(1, round(rows * grow))
+
+
+def benchmark_inputs(rows: int) -> dict[str, list[str]]:
+    """Every text input this benchmark encodes at `--rows rows` (tests/test_benchmarks.py)."""
+    table = input_table(rows + added_rows(rows, 0.01))
+    return {"store": table.slice(0, rows).column("text").to_pylist(),
+            "grown": table.column("text").to_pylist()}
 
 
 def write_job(name: str, source: Path, fmt: str) -> Path:
@@ -80,8 +88,8 @@ def main() -> None:
     ap.add_argument("--format", default="icechunk", choices=["icechunk", "parquet"])
     args = ap.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
-    added = max(1, round(args.rows * args.grow))
-    table = distinct_reviews(args.rows + added)
+    added = added_rows(args.rows, args.grow)
+    table = input_table(args.rows + added)
     source = WORK / "incremental-input.parquet"
     grown_source = WORK / "incremental-grown.parquet"
     pq.write_table(table.slice(0, args.rows), source)
@@ -107,4 +115,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from record import captured  # the result file docs/results.md is rendered from
+
+    with captured(__file__, 'Incremental runs'):
+        main()

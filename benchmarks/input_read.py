@@ -2,7 +2,7 @@
 
 A Parquet reader decodes whole row groups, and writers make them large (pyarrow and pandas
 put up to 1Mi rows in one), while bertpipe reads the input in partitions of
-`execution.partition_rows` rows. This times, on distinct short texts (benchmarks/scale.py's)
+`execution.partition_rows` rows. This times, on distinct short texts (benchmarks/texts.py)
 written as one row group per file:
 
     table once        pyarrow's `read_table` of the columns a run reads (the peer: what
@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import WORK, cpu_info, load  # noqa: E402
-from scale import distinct_texts  # noqa: E402
+from texts import distinct_sentences  # noqa: E402
 
 from pipeline.extract.source import (  # noqa: E402
     Partition,
@@ -44,11 +44,16 @@ from pipeline.spec import InputSpec  # noqa: E402
 SAMPLED = 10  # partitions read without the cache (each decodes the whole row group)
 
 
+def benchmark_inputs(rows: int) -> dict[str, list[str]]:
+    """Every text input this benchmark encodes at `--rows rows` (tests/test_benchmarks.py)."""
+    return {f"{rows} rows": distinct_sentences(rows)}
+
+
 def build(rows: int) -> Path:
     path = WORK / f"input-read-{rows}.parquet"
     if not path.exists() or pq.read_metadata(path).num_rows != rows:
         WORK.mkdir(parents=True, exist_ok=True)
-        texts = distinct_texts(rows)
+        texts = distinct_sentences(rows)
         pq.write_table(pa.table({"id": list(range(rows)), "text": texts}), path,
                        row_group_size=rows)
     return path
@@ -93,4 +98,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from record import captured  # the result file docs/results.md is rendered from
+
+    with captured(__file__, 'Reading the input: one decode per row group'):
+        main()

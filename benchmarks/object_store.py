@@ -22,11 +22,16 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from run import BIN, MODEL, WORK, build_input  # noqa: E402
+from run import BIN, MODEL, WORK, build_input, input_table  # noqa: E402
 
 from tests.s3server import environment, make_bucket, moto_server  # noqa: E402
 
 VIEWS = {"mean": {"pooling": "mean"}, "cls": {"pooling": "cls"}}
+
+
+def benchmark_inputs(rows: int) -> dict[str, list[str]]:
+    """Every text input this benchmark encodes at `--rows rows` (tests/test_benchmarks.py)."""
+    return {f"{rows} rows": input_table(rows).column("text").to_pylist()}
 
 
 def job_file(name: str, source: str, output: str, fmt: str, partition_rows: int) -> Path:
@@ -98,4 +103,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from record import captured  # the result file docs/results.md is rendered from
+
+    with captured(__file__, 'Object store on loopback against local disk'):
+        main()

@@ -8,12 +8,16 @@ hint (every backend and precision a user could configure; the fastest non-quanti
 the ratio's reference). bertpipe: runtime torch float32,
 torch with dtype auto, openvino, and the auto runtime with 8 views, attention pooling and a
 layer-2 view. Each round runs every case once, in alternating order; the table gives
-medians: tokens/s of the whole process and of its work after start-up, the ratio to the
-fastest non-quantised peer, cosine min/mean to float32, linear-probe accuracy, start-up
-(process start to the first batch encoded), peak RSS and matmul utilisation.
+medians: tokens/s and tokens per CPU-second of the whole process, the ratios to the fastest
+non-quantised peer, start-up (process start to the first batch encoded, wall and CPU),
+tokens/s and tokens per CPU-second after the first batch, the share of the cores the process
+kept busy, cosine min/mean to float32, linear-probe accuracy, peak RSS and matmul
+utilisation. Then the steady state: the defaults against the fastest non-quantised peer on
+--steady-rows distinct rows (10,000), where start-up no longer weighs, the same figures.
+The CPU is named (model, flags, cores) beside every table.
 
-    python benchmarks/run.py [--rows 2400] [--reps 2] [--memory-rows 2000]
-                             [--peer-venv benchmarks/work/peer-venv]
+    python benchmarks/run.py [--rows 2400] [--reps 2] [--steady-rows 10000]
+                             [--memory-rows 2000] [--peer-venv benchmarks/work/peer-venv]
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from texts import distinct_reviews, review_labels  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -82,7 +89,10 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 # runtime -> dtype for the agreement runs (8 views each, against torch float32)
 AGREEMENT = {"torch auto": ("torch", "auto"), "openvino": ("openvino", "auto")}
-STARTUP = {"torch fp32": ("torch", "float32"), "openvino": ("openvino", "auto")}
+# steady state is read where start-up no longer weighs: the defaults against the fastest
+# non-quantised peer on this many distinct rows (issue 41: "at >= 10k rows")
+STEADY_ROWS = 10_000
+STEADY_CASE = "bertpipe defaults"
 
 
 # ---- the machine ---------------------------------------------------------------------------
@@ -94,9 +104,15 @@ def cpu_info() -> dict[str, Any]:
     flags = set(fields.get("flags", "").split())
     wanted = ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
               "amx_bf16", "amx_int8"]
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {"model": fields.get("model name", platform.processor() or platform.machine()),
-            "cores": os.cpu_count(), "flags": [f for f in wanted if f in flags],
+            "cores": usable or os.cpu_count(), "flags": [f for f in wanted if f in flags],
             "bf16": bool(flags & {"avx512_bf16", "amx_bf16"})}
+
+
+def progress(text: str) -> None:
+    """A line on how far the run has got: stderr, so the result file keeps the report only."""
+    print(text, file=sys.stderr, flush=True)
 
 
 def load() -> float:
@@ -105,23 +121,28 @@ def load() -> float:
 
 # ---- inputs and jobs -----------------------------------------------------------------------
 
+def input_table(rows: int) -> pa.Table:
+    """`rows` distinct real reviews (texts.distinct_reviews: the 600 samples, then again with
+    a copy number appended; nothing is saved by encoding duplicates once), labels, fresh ids."""
+    return pa.table({"text": pa.array(distinct_reviews(rows), pa.string()),
+                     "label": review_labels(rows),
+                     "id": pa.array(np.arange(rows, dtype=np.int64))})
+
+
 def build_input(rows: int, name: str) -> Path:
-    """`rows` real reviews: the 600 samples, then again with a copy number appended to each
-    text (every row is a distinct text, so nothing is saved by encoding duplicates once),
-    fresh ids."""
+    """`input_table(rows)` as a Parquet file in the work folder (kept for the next run)."""
     WORK.mkdir(parents=True, exist_ok=True)
     path = WORK / f"{name}-distinct.parquet"
-    if path.exists() and pq.read_metadata(path).num_rows == rows:
-        return path
-    src = pq.read_table(REPO / "data" / "reviews.parquet", columns=["text", "label"])
-    copies = []
-    for k in range(-(-rows // src.num_rows)):
-        texts = [t if k == 0 else f"{t} ({k})" for t in src.column("text").to_pylist()]
-        copies.append(src.set_column(0, "text", pa.array(texts, pa.string())))
-    table = pa.concat_tables(copies).slice(0, rows)
-    table = table.append_column("id", pa.array(np.arange(rows, dtype=np.int64)))
-    pq.write_table(table, path)
+    if not path.exists() or pq.read_metadata(path).num_rows != rows:
+        pq.write_table(input_table(rows), path)
     return path
+
+
+def benchmark_inputs(rows: int) -> dict[str, list[str]]:
+    """Every text input this benchmark encodes at `--rows rows` (tests/test_benchmarks.py):
+    the timed rounds, the steady-state pair and the memory runs read `build_input`'s."""
+    return {f"{n} rows": input_table(n).column("text").to_pylist()
+            for n in (rows, STEADY_ROWS, rows * 10)}
 
 
 def write_job(name: str, source: Path, runtime: str, dtype: str, views: dict[str, Any],
@@ -261,7 +282,7 @@ def probe_accuracy(vectors: np.ndarray, labels: np.ndarray) -> float:
         return float(cross_val_score(clf, vectors[:n], labels[:n], cv=5).mean())
 
 
-# ---- the run -------------------------------------------------------------------------------
+# ---- the run ----------------------------------------------------------------------------
 
 def main() -> None:
     if sys.argv[1:2] == ["--in-process"]:
@@ -270,6 +291,8 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=2400)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--steady-rows", type=int, default=STEADY_ROWS,
+                    help="the defaults against the fastest peer on this many rows (0: skip)")
     ap.add_argument("--memory-rows", type=int, default=2000,
                     help="peak RSS is compared at this many rows and 10x as many (0: skip)")
     ap.add_argument("--peer-venv", type=Path, default=WORK / "peer-venv")
@@ -283,63 +306,115 @@ def main() -> None:
     cpu = cpu_info()
     source = build_input(args.rows, f"reviews-{args.rows}")
     tokens = count_tokens(source)
-    print(f"machine: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}; "
-          f"load average {load():.1f}", flush=True)
-    print(f"input: {args.rows} reviews, {tokens} tokens (mean {tokens / args.rows:.0f})",
-          flush=True)
+    progress(f"machine: {cpu['model']}, {cpu['cores']} cores, flags {' '.join(cpu['flags'])}; "
+             f"load average {load():.1f}")
+    progress(f"input: {args.rows} reviews, {tokens} tokens (mean {tokens / args.rows:.0f})")
 
     measured = last_json(run_process([sys.executable, __file__, "--in-process", str(source),
                                       "bf16" if cpu["bf16"] else "fp32"]))
-    print(f"encoder alone: {measured['encoder_only']}", flush=True)
+    progress(f"encoder alone: {measured['encoder_only']}")
     jobs = {name: write_job(f"case-{i}", source, runtime, dtype, views)
             for i, (name, (runtime, dtype, views)) in enumerate(CASES.items())}
-    startup_jobs = {name: write_job(f"startup-{i}", source, runtime, dtype, ONE_VIEW)
-                    for i, (name, (runtime, dtype)) in enumerate(STARTUP.items())}
-    for job in [*jobs.values(), *startup_jobs.values()]:  # exports made once, not timed
+    prepare(jobs)
+    commands = peer_commands(peer_python, args.peer_model, source)
+    commands.update(bertpipe_commands(jobs))
+    runs, loads = alternate(commands, args.reps)
+
+    cold = cold_startup(jobs["bertpipe openvino"])
+    steady = steady_pair(args, peer_python, fastest_peer(runs)) if args.steady_rows else None
+    memory = memory_scaling(args.memory_rows) if args.memory_rows else {}
+    facts = {name: store_facts(f"case-{i}") for i, name in enumerate(CASES)}
+    agreement, per_view = agree(source, facts)
+    probes = peer_agreement(source, agreement)
+    report(runs, tokens, cpu, measured, agreement, per_view, probes, facts, memory, cold,
+           loads, args)
+    if steady:
+        report_steady(steady, cpu)
+
+
+def prepare(jobs: dict[str, Path]) -> None:
+    """Untimed: each job's exports (a start-up run) and, for `auto`, its calibration."""
+    for job in jobs.values():
         run_process([sys.executable, str(REPO / "benchmarks" / "first_batch.py"), str(job)])
     # `auto` measures once per machine (and views) and caches the choice: made here, not
     # timed, else the first timed run of each auto case alone would pay its calibration
     for name, (runtime, dtype, _) in CASES.items():
-        if "auto" in (runtime, dtype):
+        if "auto" in (runtime, dtype) and name in jobs:
             calibration = run_process([str(BIN / "bertpipe"), "calibrate", str(jobs[name])])
-            print(f"calibration of {name!r} (once per machine, untimed): "
-                  f"{calibration.wall:.1f} s", flush=True)
+            progress(f"calibration of {name!r} (once per machine, untimed): "
+                     f"{calibration.wall:.1f} s")
 
-    commands = {name: [str(peer_python), str(REPO / "benchmarks" / "peer_st.py"),
-                       str(args.peer_model), str(source), str(WORK / f"peer-{i}.npy"),
-                       "--backend", backend]
-                for i, (name, backend) in enumerate(PEERS.items())}
-    commands.update({name: [str(BIN / "bertpipe"), "extract", str(job)]
-                     for name, job in jobs.items()})
-    commands.update({f"start-up {name}": [sys.executable,
+
+def peer_commands(peer_python: Path, peer_model: Path, source: Path,
+                  peers: dict[str, str] = PEERS) -> dict[str, list[str]]:
+    return {name: [str(peer_python), str(REPO / "benchmarks" / "peer_st.py"), str(peer_model),
+                   str(source), str(WORK / f"peer-{i}.npy"), "--backend", backend]
+            for i, (name, backend) in enumerate(peers.items())}
+
+
+def bertpipe_commands(jobs: dict[str, Path]) -> dict[str, list[str]]:
+    """Each case as `bertpipe extract`, and its start-up twin: `first_batch.py` on the same
+    job, process start to the first batch encoded (`bertpipe extract` prints no such line)."""
+    commands = {name: [str(BIN / "bertpipe"), "extract", str(job)] for name, job in jobs.items()}
+    commands.update({startup_name(name): [sys.executable,
                                           str(REPO / "benchmarks" / "first_batch.py"), str(job)]
-                     for name, job in startup_jobs.items()})
+                     for name, job in jobs.items()})
+    return commands
+
+
+def startup_name(case: str) -> str:
+    return f"start-up {case}"
+
+
+def alternate(commands: dict[str, list[str]], reps: int
+              ) -> tuple[dict[str, list[Proc]], tuple[float, float]]:
+    """Every command once a round, the order reversed every other round (drift in the
+    machine's other load evens out); the runs, and the load average before and after."""
     runs: dict[str, list[Proc]] = {name: [] for name in commands}
-    load_before = load()
-    for rep in range(args.reps):
+    before = load()
+    for rep in range(reps):
         order = list(commands) if rep % 2 == 0 else list(commands)[::-1]
         for name in order:
             runs[name].append(run_process(commands[name]))
-        print(f"round {rep + 1}/{args.reps} done (load average {load():.1f})", flush=True)
-    load_after = load()
+        progress(f"round {rep + 1}/{reps} done (load average {load():.1f})")
+    return runs, (before, load())
 
-    cold = cold_startup(startup_jobs["openvino"])
-    memory = memory_scaling(args.memory_rows) if args.memory_rows else {}
-    facts = {name: store_facts(f"case-{i}") for i, name in enumerate(CASES)}
-    agreement, per_view = agree(source, facts)
+
+def fastest_peer(runs: dict[str, list[Proc]]) -> str:
+    """The non-quantised peer with the shortest median wall time in the rounds."""
+    return min((n for n in PEERS if n not in QUANTISED),
+               key=lambda n: statistics.median(p.wall for p in runs[n]))
+
+
+def steady_pair(args: argparse.Namespace, peer_python: Path, peer: str
+                ) -> dict[str, Any]:
+    """The defaults against `peer` on `--steady-rows` distinct rows, alternating, `--reps`
+    rounds: whole processes and their start-ups, for the figures after the first batch."""
+    source = build_input(args.steady_rows, f"reviews-{args.steady_rows}")
+    runtime, dtype, views = CASES[STEADY_CASE]
+    jobs = {STEADY_CASE: write_job("steady", source, runtime, dtype, views)}
+    prepare(jobs)
+    commands = peer_commands(peer_python, args.peer_model, source, {peer: PEERS[peer]})
+    commands.update(bertpipe_commands(jobs))
+    progress(f"steady state: {STEADY_CASE} against {peer} on {args.steady_rows} rows")
+    runs, loads = alternate(commands, args.reps)
+    return {"rows": args.steady_rows, "tokens": count_tokens(source), "peer": peer,
+            "loads": loads, "runs": runs}
+
+
+def peer_agreement(source: Path, agreement: dict[str, tuple[float, float]]
+                   ) -> dict[str, float]:
+    """Every peer's cosine to the reference peer (added to `agreement`) and the probe
+    accuracy of every set of `mean` vectors."""
     labels = pq.read_table(source, columns=["label"]).column("label").to_numpy()
     vectors = {name: np.load(WORK / f"peer-{i}.npy") for i, name in enumerate(PEERS)}
     vectors.update({name: store_vectors(f"case-{i}", "mean")
                     for i, name in enumerate(CASES) if "mean" in CASES[name][2]})
     reference = vectors[REFERENCE_PEER]
-    for name in PEERS:
+    for name in [*PEERS, "bertpipe torch fp32"]:
         c = cosines(vectors[name], reference)
         agreement[name] = (float(c.min()), float(c.mean()))
-    c = cosines(vectors["bertpipe torch fp32"], reference)
-    agreement["bertpipe torch fp32"] = (float(c.min()), float(c.mean()))
-    probes = {name: probe_accuracy(v, labels) for name, v in vectors.items()}
-    report(runs, tokens, cpu, measured, agreement, per_view, probes, facts, memory, cold,
-           (load_before, load_after), args)
+    return {name: probe_accuracy(v, labels) for name, v in vectors.items()}
 
 
 def cold_startup(job: Path) -> float | None:
@@ -410,6 +485,42 @@ def flop_per_token(avg_len: float) -> float:
 
 # ---- the report ----------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Phases:
+    """One case's medians (seconds): the whole process and its start-up to the first batch
+    encoded, wall and CPU; what follows the first batch is the steady state."""
+    wall: float
+    cpu: float
+    startup_wall: float
+    startup_cpu: float
+
+    def steady(self, tokens: int) -> tuple[float, float]:
+        """(tokens/s, tokens per CPU-second) after the first batch. The first batch's own
+        tokens are counted in: at least 32 texts of thousands, under 1% at 10,000 rows."""
+        return (tokens / (self.wall - self.startup_wall),
+                tokens / (self.cpu - self.startup_cpu))
+
+    def cores_busy(self, cores: int) -> float:
+        """The share of `cores` the whole process kept busy (CPU seconds over wall x cores):
+        the rest is time a core waited for this process or served another one."""
+        return self.cpu / (self.wall * cores)
+
+    def cores_busy_after(self, cores: int) -> float:
+        """The same after the first batch: start-up is mostly one thread importing."""
+        return (self.cpu - self.startup_cpu) / ((self.wall - self.startup_wall) * cores)
+
+
+def phases(runs: dict[str, list[Proc]], name: str) -> Phases:
+    """A peer prints its own first-batch line; a bertpipe case's start-up comes from its
+    twin process (`startup_name`), the same job stopped at the first batch."""
+    own = runs[name]
+    twin = runs.get(startup_name(name), own)
+    med = statistics.median
+    return Phases(med(p.wall for p in own), med(p.cpu for p in own),
+                  med(p.first_batch for p in twin if p.first_batch is not None),
+                  med(p.first_batch_cpu for p in twin if p.first_batch_cpu is not None))
+
+
 def report(runs: dict[str, list[Proc]], tokens: int, cpu: dict[str, Any],
            measured: dict[str, Any], agreement: dict[str, tuple[float, float]],
            per_view: dict[str, dict[str, float]], probes: dict[str, float],
@@ -417,23 +528,15 @@ def report(runs: dict[str, list[Proc]], tokens: int, cpu: dict[str, Any],
            loads: tuple[float, float], args: argparse.Namespace) -> None:
     peaks, enc = measured["peaks"], measured["encoder_only"]
     fpt = flop_per_token(tokens / args.rows)
+    cases = {name: phases(runs, name) for name in [*PEERS, *CASES]}
 
     def med(name: str, attr: str) -> float:
         return statistics.median(getattr(p, attr) for p in runs[name])
 
-    whole = {name: tokens / med(name, "wall") for name in [*PEERS, *CASES]}
-    per_cpu = {name: tokens / med(name, "cpu") for name in [*PEERS, *CASES]}
-    # after start-up: the peers' encode() calls; bertpipe's time in partitions (read,
-    # chunk, encode, write) as its last run recorded it
-    work = {name: tokens / statistics.median(last_json(p)["encode_seconds"]
-                                             for p in runs[name]) for name in PEERS}
-    work.update({name: tokens / facts[name]["partition_seconds"] for name in CASES})
+    whole = {name: tokens / ph.wall for name, ph in cases.items()}
+    per_cpu = {name: tokens / ph.cpu for name, ph in cases.items()}
     fastest = max((n for n in PEERS if n not in QUANTISED), key=lambda n: whole[n])
     fastest_cpu = max((n for n in PEERS if n not in QUANTISED), key=lambda n: per_cpu[n])
-    startup = {name: (med(name, "first_batch"), med(name, "first_batch_cpu")) for name in PEERS}
-    startup.update({f"bertpipe {k}": (med(f"start-up {k}", "first_batch"),
-                                      med(f"start-up {k}", "first_batch_cpu"))
-                    for k in STARTUP})
 
     print()
     print(f"machine: {cpu['model']}, {cpu['cores']} cores, {' '.join(cpu['flags'])}; "
@@ -443,29 +546,33 @@ def report(runs: dict[str, list[Proc]], tokens: int, cpu: dict[str, Any],
           + f"; model {fpt / 1e6:.1f} MFLOP/token; {args.rows} rows, {tokens} tokens, "
           f"{args.reps} rounds, medians")
     print(f"ratios: whole-process tokens/s to {fastest}, tokens per CPU-second to "
-          f"{fastest_cpu} (the fastest non-quantised peers); start-up: wall / CPU seconds")
-    header = (f"{'case (whole process)':<26}{'tokens/s':>9}{'tok/CPU-s':>10}{'encode':>8}"
-              f"{'ratio':>7}{'CPU ratio':>10}{'cos min / mean':>18}{'probe':>7}"
-              f"{'start-up':>12}{'peak RSS':>10}{'util':>6}")
+          f"{fastest_cpu} (the fastest non-quantised peers); start-up: process start to the "
+          f"first batch, wall / CPU s; after: tokens/s and per CPU-s after the first batch; "
+          f"cores: CPU-s over wall x {cpu['cores']} cores; matmul: FLOP/s over the GEMM peak")
+    if args.rows < STEADY_ROWS:
+        print(f"(at {args.rows} rows start-up still weighs: the steady state is the "
+              f"{STEADY_ROWS:,}-row pair below)")
+    header = (f"{'case (whole process)':<26}{'tokens/s':>9}{'tok/CPU-s':>10}{'ratio':>7}"
+              f"{'CPU ratio':>10}{'start-up':>12}{'after':>8}{'after/CPU':>10}{'cores':>6}"
+              f"{'cos min / mean':>18}{'probe':>7}{'peak RSS':>10}{'matmul':>7}")
     print(header)
-    for name in [*PEERS, *CASES]:
+    for name, ph in cases.items():
         cos = agreement.get(name)
         cos_text = f"{cos[0]:.5f} / {cos[1]:.5f}" if cos else ""
         probe = f"{probes[name]:.3f}" if name in probes else ""
-        start = startup.get(name)
-        start_text = f"{start[0]:.1f} / {start[1]:.1f}" if start else ""
+        after, after_cpu = ph.steady(tokens)
         dtype = "bfloat16" if ("bfloat16" in facts.get(name, {}).get("dtype", "")
                                or (name == "st openvino" and cpu["bf16"])) else "float32"
         util = whole[name] * fpt / peaks.get(dtype, peaks["float32"])
-        enc_text = f"{work[name]:,.0f}" if name in work else ""
-        print(f"{name:<26}{whole[name]:>9,.0f}{per_cpu[name]:>10,.0f}{enc_text:>8}"
+        print(f"{name:<26}{whole[name]:>9,.0f}{per_cpu[name]:>10,.0f}"
               f"{whole[name] / whole[fastest]:>6.2f}x"
-              f"{per_cpu[name] / per_cpu[fastest_cpu]:>9.2f}x{cos_text:>18}{probe:>7}"
-              f"{start_text:>12}{med(name, 'rss'):>8.0f}Mi{100 * util:>5.0f}%")
+              f"{per_cpu[name] / per_cpu[fastest_cpu]:>9.2f}x"
+              f"{f'{ph.startup_wall:.1f} / {ph.startup_cpu:.1f}':>12}{after:>8,.0f}"
+              f"{after_cpu:>10,.0f}{ph.cores_busy(cpu['cores']):>6.0%}{cos_text:>18}{probe:>7}"
+              f"{med(name, 'rss'):>8.0f}Mi{util:>7.0%}")
     print()
-    print("start-up, process start to the first batch encoded (wall / CPU s): " + ", ".join(
-        f"{k} {v[0]:.1f} / {v[1]:.1f}" for k, v in startup.items())
-        + (f"; openvino with an empty cache (export + compile) {cold:.1f} s" if cold else ""))
+    if cold:
+        print(f"openvino start-up with an empty export cache (export + compile): {cold:.1f} s")
     for label, views in per_view.items():
         print(f"{label} vs torch float32, cosine min over rows per view: "
               + ", ".join(f"{k} {v:.5f}" for k, v in views.items()))
@@ -484,11 +591,45 @@ def report(runs: dict[str, list[Proc]], tokens: int, cpu: dict[str, Any],
         "machine": cpu, "loads": loads, "rows": args.rows, "tokens": tokens,
         "measured": measured, "agreement": agreement, "per_view": per_view,
         "probes": probes, "facts": facts, "memory": memory, "cold_startup": cold,
-        "runs": {k: [{"wall": p.wall, "cpu": p.cpu, "rss": p.rss, "first_batch": p.first_batch,
-                      "first_batch_cpu": p.first_batch_cpu} for p in v]
-                 for k, v in runs.items()}},
+        "runs": {k: [p.__dict__ | {"output": []} for p in v] for k, v in runs.items()}},
         indent=1))
 
 
+def steady_rows(steady: dict[str, Any], cores: int) -> list[list[str]]:
+    """The steady-state table: start-up, whole process and after the first batch, for the
+    defaults and the peer, then the defaults' ratio to the peer."""
+    tokens, runs = steady["tokens"], steady["runs"]
+    figures = {name: phases(runs, name) for name in (STEADY_CASE, steady["peer"])}
+    rows = []
+    for name, ph in figures.items():
+        after, after_cpu = ph.steady(tokens)
+        rows.append([name, f"{ph.startup_wall:.1f} / {ph.startup_cpu:.1f}",
+                     f"{ph.wall:.1f} / {ph.cpu:.1f}", f"{after:,.0f}", f"{after_cpu:,.0f}",
+                     f"{ph.cores_busy(cores):.0%} / {ph.cores_busy_after(cores):.0%}"])
+    ours, peer = figures[STEADY_CASE], figures[steady["peer"]]
+    (a, a_cpu), (b, b_cpu) = ours.steady(tokens), peer.steady(tokens)
+    rows.append(["ratio (defaults / peer)", "", f"{peer.wall / ours.wall:.2f}x / "
+                 f"{peer.cpu / ours.cpu:.2f}x", f"{a / b:.2f}x", f"{a_cpu / b_cpu:.2f}x", ""])
+    return rows
+
+
+STEADY_COLUMNS = ["case", "start-up to first batch, wall / CPU s", "whole process, wall / CPU s",
+                  "tokens/s after the first batch", "tokens per CPU-s after it",
+                  "cores busy, whole / after the first batch"]
+
+
+def report_steady(steady: dict[str, Any], cpu: dict[str, Any]) -> None:
+    loads = steady["loads"]
+    print(f"\nsteady state: {steady['rows']:,} distinct rows, {steady['tokens']:,} tokens, "
+          f"{len(steady['runs'][STEADY_CASE])} rounds alternating, medians; load average "
+          f"{loads[0]:.1f} before, {loads[1]:.1f} after; {cpu['model']}")
+    for row in [STEADY_COLUMNS, *steady_rows(steady, cpu["cores"])]:
+        print("  " + " | ".join(row))
+
+
 if __name__ == "__main__":
-    main()
+    from record import captured  # the result file docs/results.md is rendered from
+
+    with captured(__file__, "CPU runtimes against sentence-transformers' backends",
+                  children=("--in-process",)):
+        main()

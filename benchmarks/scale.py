@@ -39,6 +39,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / "benchmarks" / "work" / "scale"
+NIGHTS = 5  # nightly updates before the last gc, by default
+sys.path.insert(0, str(REPO / "benchmarks"))
+from texts import distinct_sentences  # noqa: E402
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # Runs one bertpipe command in this process and, at exit, writes what the process cost.
@@ -109,14 +113,6 @@ def make_tiny_model(root: Path) -> Path:
     return root
 
 
-def distinct_texts(n: int, seed: int = 0) -> list[str]:
-    """Short distinct texts from the sample reviews' sentences and a row number."""
-    texts = pq.read_table(REPO / "data" / "reviews.parquet").column("text").to_pylist()
-    sentences = [s.strip() for t in texts for s in t.split(".") if len(s.split()) > 3]
-    rng = random.Random(seed)
-    return [f"{rng.choice(sentences)} (review {i})" for i in range(n)]
-
-
 def write_input(path: Path, ids: list[int], texts: list[str]) -> None:
     pq.write_table(pa.table({"id": ids, "text": texts}), path, row_group_size=50_000)
 
@@ -129,8 +125,18 @@ def grown(rows: int, texts: list[str], night: int = 1) -> tuple[list[int], list[
     for i in changed:
         new[i] = f"{new[i]} (edited {night})"
     added = max(1, rows // 100)
-    extra = distinct_texts(rows + added, seed=100 + night)[rows:]
+    extra = distinct_sentences(added, seed=100 + night, start=rows)
     return list(range(rows + added)), new + extra
+
+
+def benchmark_inputs(rows: int) -> dict[str, list[str]]:
+    """Every text input this benchmark encodes at one of its `--rows` (tests/test_benchmarks.py)."""
+    texts = distinct_sentences(rows)
+    inputs = {"full run": texts}
+    for night in range(1, NIGHTS + 1):  # each night grows the table the last one left
+        texts = grown(len(texts), texts, night)[1]
+        inputs[f"night {night}"] = texts
+    return inputs
 
 
 def job_file(root: Path, fmt: str, source: Path, model: Path, rows: int,
@@ -189,7 +195,7 @@ def one_size(fmt: str, rows: int, model: Path, nights: int) -> list[dict[str, An
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     source = root / "input.parquet"
-    texts = distinct_texts(rows)
+    texts = distinct_sentences(rows)
     write_input(source, list(range(rows)), texts)
     job = job_file(root, fmt, source, model, rows)
     store = store_at(root, fmt, "store")
@@ -240,7 +246,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--formats", nargs="+", default=["icechunk", "parquet", "delta"])
-    parser.add_argument("--nights", type=int, default=5,
+    parser.add_argument("--nights", type=int, default=NIGHTS,
                         help="nightly updates before the last gc and the fresh store "
                         "(1: the first update, no-op, verify, open and gc only)")
     parser.add_argument("--s3", action="store_true",
@@ -314,4 +320,7 @@ def run(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from record import captured  # the result file docs/results.md is rendered from
+
+    with captured(__file__, 'Stores that grow: Icechunk, Parquet and Delta'):
+        main()

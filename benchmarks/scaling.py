@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import BIN, build_input, count_tokens, run_process, write_job  # noqa: E402
+from run import BIN, build_input, count_tokens, input_table, run_process, write_job  # noqa: E402
 
 CORES = os.cpu_count() or 1
 SETUPS = {
@@ -28,12 +28,17 @@ SETUPS = {
 }
 
 
+def benchmark_inputs(rows: int) -> dict[str, list[str]]:
+    """Every text input this benchmark encodes at `--rows rows` (tests/test_benchmarks.py)."""
+    return {f"{n} rows": input_table(n).column("text").to_pylist() for n in (10, rows)}
+
+
 def jobs_for(rows: int) -> dict[str, Path]:
     source = build_input(rows, f"reviews-{rows}")
     out = {}
     for i, (name, execution) in enumerate(SETUPS.items()):
-        path = write_job(f"scaling-{rows}-{i}", source, "auto", {"mean": {"pooling": "mean"}},
-                         partition_rows=max(10, rows // 8))
+        path = write_job(f"scaling-{rows}-{i}", source, "auto", "auto",
+                         {"mean": {"pooling": "mean"}}, partition_rows=max(10, rows // 8))
         job = yaml.safe_load(path.read_text())
         job["execution"].update(execution)
         path.write_text(yaml.safe_dump(job, sort_keys=False))
@@ -62,4 +67,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from record import captured  # the result file docs/results.md is rendered from
+
+    with captured(__file__, 'Dask: local cluster against in-process'):
+        main()

@@ -30,7 +30,17 @@ import pyarrow.parquet as pq
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import BIN, WORK, Proc, build_input, load, run_process, write_job  # noqa: E402
+from run import (  # noqa: E402
+    BIN,
+    WORK,
+    Proc,
+    build_input,
+    input_table,
+    load,
+    progress,
+    run_process,
+    write_job,
+)
 
 POOLED = {"mean": {"pooling": "mean"}}
 TOKENS = {"tok": {"pooling": "tokens"}}
@@ -47,6 +57,11 @@ CASES: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 BASELINES = {"zarr, tokens": ["zarr, pooled", "zarr, pooled torch"],
              "parquet, tokens": ["parquet, pooled", "parquet, pooled torch"]}
+
+
+def benchmark_inputs(rows: int) -> dict[str, list[str]]:
+    """Every text input this benchmark encodes at `--rows rows` (tests/test_benchmarks.py)."""
+    return {f"{rows} rows": input_table(rows).column("text").to_pylist()}
 
 
 @dataclass
@@ -117,8 +132,8 @@ def main() -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     source = build_input(args.rows, f"reviews-{args.rows}")
     jobs = {name: job_for(name, source, *CASES[name]) for name in args.cases}
-    print(f"{args.rows} reviews, {len(jobs)} cases, {args.reps} rounds "
-          f"(load average {load():.1f})", flush=True)
+    progress(f"{args.rows} reviews, {len(jobs)} cases, {args.reps} rounds "
+             f"(load average {load():.1f})")
     for job in jobs.values():  # exports made once and the caches warm, not timed
         run_process([sys.executable, str(Path(__file__).parent / "first_batch.py"),
                      str(job)])
@@ -130,7 +145,7 @@ def main() -> None:
             cmd = [str(BIN / "bertpipe"), "extract", "--overwrite", str(jobs[name])]
             runs[name].append(run_process(cmd))
         loads.append(load())
-        print(f"round {rep + 1}/{args.reps} done (load average {loads[-1]:.1f})", flush=True)
+        progress(f"round {rep + 1}/{args.reps} done (load average {loads[-1]:.1f})")
 
     sizes = {name: store_sizes(job, CASES[name][0], next(iter(CASES[name][2])))
              for name, job in jobs.items()}
@@ -158,4 +173,7 @@ def main() -> None:
                   f"store {sizes[name].store_bytes / sizes[base].store_bytes:,.0f}x")
 
 if __name__ == "__main__":
-    main()
+    from record import captured  # the result file docs/results.md is rendered from
+
+    with captured(__file__, 'Token views against pooled views'):
+        main()
