@@ -286,26 +286,22 @@ def fresh_lock_of_another_host(w: World) -> list[Any]:
     return ["extract", job]
 
 
-def lock_refresh_not_a_number(w: World) -> list[Any]:
-    w.monkeypatch.setenv(REFRESH_ENV, "soon")
-    return ["extract", w.job(w.tmp / "o.zarr")]
+def _lock_refresh(name: str, value: str) -> Callable[[World], list[Any]]:
+    """The standard job run with BERTPIPE_LOCK_REFRESH_S set to `value` (a row `name`)."""
+    def setup(w: World) -> list[Any]:
+        w.monkeypatch.setenv(REFRESH_ENV, value)
+        return ["extract", w.job(w.tmp / "o.zarr")]
+
+    setup.__name__ = name
+    return setup
 
 
-def lock_refresh_zero(w: World) -> list[Any]:
-    w.monkeypatch.setenv(REFRESH_ENV, "0")
-    return ["extract", w.job(w.tmp / "o.zarr")]
-
-
-def lock_refresh_too_short(w: World) -> list[Any]:
-    """An interval that would let a healthy run's lease end between two of its beats."""
-    w.monkeypatch.setenv(REFRESH_ENV, "0.001")
-    return ["extract", w.job(w.tmp / "o.zarr")]
-
-
-def lock_refresh_too_long(w: World) -> list[Any]:
-    """An interval that would make a killed run's lease last for ever."""
-    w.monkeypatch.setenv(REFRESH_ENV, "1e308")
-    return ["extract", w.job(w.tmp / "o.zarr")]
+lock_refresh_not_a_number = _lock_refresh("lock_refresh_not_a_number", "soon")
+lock_refresh_zero = _lock_refresh("lock_refresh_zero", "0")
+# an interval that would let a healthy run's lease end between two of its beats, and one
+# that would make a killed run's lease last for ever
+lock_refresh_too_short = _lock_refresh("lock_refresh_too_short", "0.001")
+lock_refresh_too_long = _lock_refresh("lock_refresh_too_long", "1e308")
 
 
 def lock_is_a_directory(w: World) -> list[Any]:
