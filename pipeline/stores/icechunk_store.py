@@ -44,7 +44,7 @@ from zarr.storage import WrapperStore
 
 from ..errors import StoreError
 from ..io.location import Location, resolve
-from .base import StreamedVersion
+from .base import ForeignCommit, StreamedVersion, describe_foreign
 from .columns import MISSING_ATTRIBUTE, StoredColumns
 from .integrity import CHUNK_DIR, VerifiedStore, files_by_array
 from .provenance import FileSum, is_complete, version_of
@@ -162,6 +162,7 @@ class IcechunkFormat(ZarrFormat):
         self._reader: icechunk.Session | None = None
         self._writer: icechunk.Session | None = None
         self._written: dict[str, FileSum] = {}
+        self._ours_snapshot = ""  # bertpipe's newest snapshot (set by foreign_commits)
 
     @classmethod
     def holds_store(cls, path: str) -> bool:
@@ -199,6 +200,7 @@ class IcechunkFormat(ZarrFormat):
         if self._writer is None:
             if self.version_wanted is not None:
                 raise StoreError(f"{self.path}: version {self.version_wanted} is read only")
+            self.refuse_foreign_commits()  # never built on (nor reset over)
             self._writer = self.repository().writable_session(BRANCH)
             self._written = {}
         return self._writer
@@ -220,6 +222,35 @@ class IcechunkFormat(ZarrFormat):
                              f"({exc}); nothing of this run was committed") from None
         self._writer, self._reader = None, None
         self._record, self._record_read = raw, True
+
+    # ---- another writer's commits --------------------------------------------------
+
+    def foreign_commits(self) -> list[ForeignCommit]:
+        """The commits on the branch after bertpipe's newest one (each of bertpipe's carries
+        `bertpipe_version` in its metadata), unless together they change nothing of what it
+        left (Icechunk's diff is empty). Oldest first."""
+        newer: list[icechunk.SnapshotInfo] = []
+        ours = None
+        for info in self.repository().ancestry(branch=BRANCH):
+            if isinstance((info.metadata or {}).get(VERSION_KEY), int):
+                ours = info
+                break
+            if info.parent_id is not None:  # the repository's empty first snapshot is none
+                newer.append(info)
+        if not newer or ours is None or _unchanged(self.repository().diff(
+                from_snapshot_id=ours.id, to_branch=BRANCH)):
+            return []
+        self._ours_snapshot = ours.id
+        return [ForeignCommit(f"branch {BRANCH}", f"snapshot {info.id}", repr(info.message),
+                              _author(info)) for info in reversed(newer)]
+
+    def _foreign_line(self, foreign: list[ForeignCommit]) -> str:
+        head = foreign[-1].version.split()[-1]
+        return describe_foreign(foreign, (
+            f"keep it on a branch of its own with repo.create_branch('kept', '{head}'), give "
+            f"the branch back to bertpipe with repo.reset_branch('{BRANCH}', "
+            f"'{self._ours_snapshot}'), and rerun; or rebuild the store with --overwrite "
+            "(which drops it)"))
 
     # ---- the provenance ----------------------------------------------------------
 
@@ -430,6 +461,7 @@ class IcechunkFormat(ZarrFormat):
         held = self.versions()
         if keep < 1:
             raise StoreError("--keep: at least 1 (the current version)")
+        self.refuse_foreign_commits()  # an expiry would rewrite the history it is in
         if len(held) <= keep:
             return [], 0
         oldest_kept = held[keep - 1].written_at
@@ -437,6 +469,22 @@ class IcechunkFormat(ZarrFormat):
         repo.expire_snapshots(older_than=oldest_kept)
         summary = repo.garbage_collect(oldest_kept)
         return [v.version for v in held[keep:]], int(summary.bytes_deleted)
+
+
+def _unchanged(diff: icechunk.Diff) -> bool:
+    return not any(getattr(diff, name) for name in (
+        "new_groups", "new_arrays", "deleted_groups", "deleted_arrays", "updated_groups",
+        "updated_arrays", "updated_chunks"))
+
+
+def _author(info: icechunk.SnapshotInfo) -> str:
+    """Who made a commit, as far as its metadata says."""
+    meta = info.metadata or {}
+    for key in ("author", "user", "writer", "tool"):
+        if meta.get(key):
+            return str(meta[key])
+    return f"a writer that did not name itself, metadata {meta}" if meta else \
+        "a writer that did not name itself"
 
 
 def _session_keys(session: icechunk.Session) -> list[str]:

@@ -36,7 +36,8 @@ class Verified:
 def verify_store(path: str | Path) -> list[str]:
     """Everything wrong with a store, one line each (empty when it proves itself).
 
-    Checks the `complete` flag, every recorded checksum (file present, size, SHA-256),
+    Checks the `complete` flag, that no other writer committed over bertpipe's newest
+    commit (Delta, Icechunk), every recorded checksum (file present, size, SHA-256),
     files no checksum covers, the rows of every array or file against the provenance's
     stats, and that every view is stored. A path that is no store, or a store of a newer
     format version, raises StoreError.
@@ -47,6 +48,9 @@ def verify_store(path: str | Path) -> list[str]:
     fmt = detect_format(path)
     if not is_complete(fmt.record()):
         return ["the store is incomplete (its job has not finished; rerun it to resume)"]
+    foreign = fmt.foreign_problem()
+    if foreign:  # what bertpipe checks is its own commit; the store's head is another's
+        return [foreign]
     provenance = fmt.provenance()
     return _checksum_problems(fmt, provenance) + _row_problems(fmt, provenance)
 
