@@ -344,6 +344,11 @@ class StoreFormat(ABC):
         asks for them all at once)."""
         return {rel: self.checked_size(rel) for rel in rels}
 
+    def stored_as(self, rel: str) -> str | None:
+        """The file that holds `rel` where it is not `rel` itself (an Icechunk chunk key's
+        chunk file), for messages; None otherwise."""
+        return None
+
     def whole_by_total(self, recorded: Mapping[str, FileSum]) -> set[str]:
         """Recorded files shown present with their sizes by a total over many of them,
         without a lookup each (none here: every file is looked up)."""
