@@ -223,6 +223,7 @@ def _write_version(fmt: StoreFormat, version: int, assembly: Assembly, budget: i
     if fmt.writes_in_place:  # straight into the current arrays: nothing staged
         streamed, stats = streamed_version(assembly, budget)
         staging.confirm("write the new version")
+        fmt.fence_writes(lambda: staging.confirm("write the new version"))
         fmt.write_streamed_version(version, streamed)
         return stats
     assembled = Staging(path, ASSEMBLED)

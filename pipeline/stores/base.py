@@ -150,9 +150,17 @@ class StoreFormat(ABC):
         self.location = resolve(self.path)
         self._record: dict[str, Any] | None = None
         self._record_read = False
+        # the run's fencing check, made before each block of data a format writes where
+        # nothing is staged (a run taken over while paused writes nothing more)
+        self._fence: Callable[[], None] = _unfenced
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r})"
+
+    def fence_writes(self, check: Callable[[], None]) -> None:
+        """Make `check` (LockLostError when the run no longer holds the lock) before each
+        block of data this handle writes."""
+        self._fence = check
 
     @classmethod
     @abstractmethod
@@ -385,6 +393,10 @@ class StoreFormat(ABC):
     def drop_retired(self) -> None:
         """Remove what is left of versions before the current one (kept for the readers
         that opened them), and of a version a killed update wrote and never published."""
+
+
+def _unfenced() -> None:
+    """No fencing: a handle written outside a run (tests, notebooks)."""
 
 
 def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -39,7 +39,7 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import icechunk
@@ -91,6 +91,10 @@ ICECHUNK_ROWS_PER_CHUNK = 256
 # rewrite: a million rows of `present` compress to kilobytes. Stores made with flat arrays
 # of 256 rows a chunk keep them (the factor divides every writer's block).
 ICECHUNK_FLAT_FACTOR = 32
+# `gc` deletes objects no snapshot refers to once they are this old: chunks a run killed or
+# fenced off wrote and never committed. Younger ones are left: another process's session
+# may still commit them (Icechunk's garbage collection cannot tell an orphan from those).
+ORPHAN_AGE_S = 3600.0
 VERSION_KEY = "bertpipe_version"  # in each commit's metadata: the store version it holds
 COMPLETE_KEY = "bertpipe_complete"
 REPOSITORY = "repo"  # the repository's folder inside the store
@@ -407,7 +411,7 @@ class IcechunkFormat(ZarrFormat):
     def _write_arrays(self, target: Any, level: str, parts: Iterator[pa.Table], rows: int,
                       columns: StoredColumns, widths: dict[str, int]) -> None:
         """A level's arrays made equal to its parts, writing only the chunks that differ."""
-        updater = _LevelUpdater(target, level, rows, columns, widths)
+        updater = _LevelUpdater(target, level, rows, columns, widths, self._fence)
         for table in parts:
             updater.add(table)
         updater.close()
@@ -420,7 +424,7 @@ class IcechunkFormat(ZarrFormat):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             updaters = {level: _LevelUpdater(root, level, rows, streamed.columns[level],
-                                             streamed.widths[level])
+                                             streamed.widths[level], self._fence)
                         for level, rows in streamed.rows.items()}
             unwritten = {level: updater.leave_same(streamed.same[level])
                          for level, updater in updaters.items()}
@@ -597,19 +601,24 @@ class IcechunkFormat(ZarrFormat):
         return sorted(seen.values(), key=lambda v: -v.version)
 
     def gc(self, keep: int) -> tuple[list[int], int]:
-        """Expire every version but the newest `keep` and delete what only they used;
-        the versions expired and the bytes freed."""
+        """Expire every version but the newest `keep` and delete what only they used, and
+        the orphans of runs that never committed (killed, or fenced off after a pause:
+        objects no snapshot refers to, older than ORPHAN_AGE_S); the versions expired and
+        the bytes freed."""
         held = self.versions()
         if keep < 1:
             raise StoreError("--keep: at least 1 (the current version)")
         self.refuse_foreign_commits()  # an expiry would rewrite the history it is in
-        if len(held) <= keep:
-            return [], 0
-        oldest_kept = held[keep - 1].written_at
         repo = self.repository()
+        # an object younger than this may belong to another process's session that has
+        # not committed yet (bertpipe's own writers are held off by the lock gc holds)
+        cutoff = datetime.now(UTC) - timedelta(seconds=ORPHAN_AGE_S)
         with icechunk_errors(self.path):
-            repo.expire_snapshots(older_than=oldest_kept)
-            summary = repo.garbage_collect(oldest_kept)
+            if len(held) > keep:
+                oldest_kept = held[keep - 1].written_at
+                repo.expire_snapshots(older_than=oldest_kept)
+                cutoff = max(cutoff, oldest_kept)
+            summary = repo.garbage_collect(cutoff)
         return [v.version for v in held[keep:]], int(summary.bytes_deleted)
 
 
@@ -662,7 +671,8 @@ class _LevelUpdater:
     are regrouped into blocks of whole chunks (a chunk is compared and written once)."""
 
     def __init__(self, root: Any, level: str, n: int, columns: StoredColumns,
-                 widths: dict[str, int]):
+                 widths: dict[str, int], fence: Callable[[], None]):
+        self.fence = fence  # made before each block: Icechunk stores a chunk as it is set
         self.group = root.require_group(level)
         self.level, self.n, self.columns, self.widths = level, n, columns, widths
         self.arrays: dict[str, tuple[Any, bool]] = {}
@@ -708,6 +718,8 @@ class _LevelUpdater:
         self.pending, self.held = [], 0
 
     def _write(self, table: pa.Table) -> None:
+        # a run taken over while paused writes no chunk (each would be an orphan object)
+        self.fence()
         dim = LEVEL_DIMS[self.level]
         for name in table.column_names:
             if name == "row":
