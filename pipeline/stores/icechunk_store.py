@@ -321,6 +321,7 @@ class IcechunkFormat(ZarrFormat):
             raise StoreError(f"{self.path}: another run committed to the store meanwhile "
                              f"({exc}); nothing of this run was committed") from None
         self._writer, self._reader = None, None
+        self._chunk_map, self._file_sizes = None, None  # of the snapshot read before
         self._record, self._record_read = raw, True
 
     # ---- another writer's commits --------------------------------------------------
