@@ -29,7 +29,7 @@ from pipeline.run.runner import run_job
 from pipeline.spec import Job
 from pipeline.stores import detect_format
 from pipeline.stores.zarr_store import ZarrFormat
-from tests.conftest import job_dict, store_schema_errors, write_table
+from tests.conftest import job_dict, store_schema_errors, write_job, write_table
 
 pytestmark = pytest.mark.table  # hundreds of CLI runs: make test, not make test-fast
 
@@ -48,10 +48,17 @@ def pristine(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> dict[
     source = write_table(root / "in.parquet", {"id": [f"r{i}" for i in range(len(TEXTS))],
                                                 "text": TEXTS})
     stores = {}
-    for fmt in ("zarr", "parquet", "delta"):
+    for fmt in ("zarr", "parquet", "delta", "icechunk"):
         out = root / f"s.{fmt}"
-        run_job(Job.from_dict(job_dict(source, tiny_bert, out, output={"format": fmt})))
+        # icechunk: docs only, so that each vector array's chunk file has bytes of its own
+        # (a chunk's mean equals its document's when every text is one chunk)
+        levels = {"levels": ["docs"]} if fmt == "icechunk" else {}
+        run_job(Job.from_dict(job_dict(source, tiny_bert, out,
+                                       output={"format": fmt, **levels})))
         stores[fmt] = out
+    # the next night's input: one row more (what `update` runs on)
+    write_table(root / "next.parquet", {"id": [f"r{i}" for i in range(len(TEXTS) + 1)],
+                                        "text": [*TEXTS, "a text of the next night"]})
     return stores
 
 
@@ -108,6 +115,38 @@ def _delta_docs_file(store: Path) -> Path:
     return file
 
 
+def _repository(store: Path) -> Any:
+    import icechunk
+
+    return icechunk.Repository.open(icechunk.local_filesystem_storage(str(store / "repo")))
+
+
+def _ice_manifest(store: Path) -> Path:
+    """The manifest listing docs/mean's chunks, as Icechunk's own snapshot listing says."""
+    repo = _repository(store)
+    tree = json.loads(repo.inspect_snapshot(repo.lookup_branch("main")))
+    (node,) = [n for n in tree["nodes"] if n["path"] == "/docs/mean"]
+    (ref,) = node["manifest_refs"]
+    return store / "repo" / "manifests" / ref["id"]
+
+
+def _ice_chunk(store: Path) -> Path:
+    """The chunk file of docs/mean/c/0/0: the one file holding the bytes Icechunk reads
+    for that key."""
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    session = _repository(store).readonly_session(branch="main")
+    raw = sync(session.store.get("docs/mean/c/0/0", default_buffer_prototype())).to_bytes()
+    (file,) = [f for f in (store / "repo" / "chunks").iterdir() if f.read_bytes() == raw]
+    return file
+
+
+def _ice_head(store: Path) -> Path:
+    ref = json.loads((store / "repo/refs/branch.main/ref.json").read_text())
+    return store / "repo" / "snapshots" / ref["snapshot"]
+
+
 def _newer_format(store: Path) -> None:
     fmt = detect_format(str(store))
     raw = fmt.reread() or {}
@@ -131,6 +170,13 @@ DAMAGE: dict[str, Callable[[Path], None]] = {
     "deleted delta docs file": lambda s: _delta_docs_file(s).unlink(),
     "damaged docs/_delta_log": lambda s: sorted((s / "docs" / "_delta_log").glob("*.json")
                                                 )[-1].write_text("{not json"),
+    "deleted icechunk manifest": lambda s: _ice_manifest(s).unlink(),
+    "truncated icechunk manifest": lambda s: _truncate(_ice_manifest(s)),
+    "deleted icechunk chunk": lambda s: _ice_chunk(s).unlink(),
+    "truncated icechunk chunk": lambda s: _truncate(_ice_chunk(s)),
+    "deleted icechunk snapshot": lambda s: _ice_head(s).unlink(),
+    "garbage icechunk branch ref": lambda s: (s / "repo/refs/branch.main/ref.json"
+                                              ).write_text("garbage"),
 }
 
 # ---------------------------------------------------------------- commands
@@ -143,6 +189,7 @@ COMMANDS: dict[str, list[str]] = {
     "postprocess": ["postprocess", "{store}", "--view", "mean", "--method", "center"],
     "vectors()": [],  # pipeline.open_store(store).vectors("mean")
     "rerun": [],  # the store's own job run again (bertpipe extract)
+    "update": [],  # the nightly update: the store's job, incremental, one row more
 }
 
 DRIVER = """
@@ -207,7 +254,7 @@ def run_command(command: str, store: Path, isolated: bool,
                 job: Job | None = None) -> tuple[int, str]:
     """(exit code, stdout + stderr) of one command against `store`; `isolated` runs it in
     a process of its own, where a crash is a negative return code; `job` is what `rerun`
-    runs."""
+    runs (and `update`, incremental, on the next night's input beside the input)."""
     args = [a.format(store=store) for a in COMMANDS[command]]
     if isolated:
         return _isolated(args or [command, str(store)], store.parent)
@@ -216,10 +263,20 @@ def run_command(command: str, store: Path, isolated: bool,
     if command == "rerun":
         assert job is not None
         return _in_process(lambda: run_job(job))
+    if command == "update":
+        assert job is not None
+        return _in_process(lambda: run_job(_next_night(job), incremental=True))
     result = CliRunner().invoke(main, args)
     if result.exception and not isinstance(result.exception, SystemExit):
         raise result.exception  # a traceback: the test fails showing it
     return result.exit_code, result.stdout + result.stderr
+
+
+def _next_night(job: Job) -> Job:
+    """`job` reading the next night's input (one row more), as an incremental update."""
+    source = Path(job.input.path).with_name("next.parquet")
+    return replace(job, input=replace(job.input, path=str(source)),
+                   output=replace(job.output, incremental=True))
 
 
 def _in_process(call: Callable[[], Any]) -> tuple[int, str]:
@@ -241,6 +298,7 @@ class Case:
     code: int
     fragment: str  # in the message; names the array or file
     isolated: bool = False  # in a subprocess: the codec once crashed the process here
+    also: str = ""  # a second fragment the message holds
 
 
 def _row(fmt: str, damage: str, expect: dict[str, tuple[int, str]],
@@ -256,6 +314,17 @@ def _all(code: int, fragment: str, commands: tuple[str, ...] = (
 
 
 NEWER = "format version 2 is newer than this bertpipe reads"
+
+
+def _ice_rows(damage: str, fragment: str, also: str = "") -> list[Case]:
+    """An Icechunk damage: every command exit 5 naming the file; the reading commands also
+    in a process of their own (an abort there is a negative exit code)."""
+    expect = _all(5, fragment, ("verify", "inspect", "search --exact", "vectors()",
+                                "postprocess", "rerun", "update"))
+    rows = _row("icechunk", damage, expect, isolated=False)
+    rows += _row("icechunk", damage, _all(5, fragment, ("verify", "inspect", "vectors()")),
+                 isolated=True)
+    return [replace(c, also=also) for c in rows]
 TABLE: list[Case] = [
     # Zarr: the chunk of docs/mean (all 10 rows) damaged three ways, or the array gone
     *_row("zarr", "truncated chunk", _all(5, "docs/mean: chunk c/0/0 is damaged"),
@@ -304,12 +373,27 @@ TABLE: list[Case] = [
     *_row("delta", "damaged docs/_delta_log", {**_all(5, "docs: damaged Delta table"),
                                                "rerun": (5, "docs: damaged Delta table")}),
     *_row("delta", "newer format_version", {**_all(5, NEWER), "rerun": (5, NEWER)}),
+    *_row("delta", "deleted delta docs file", {"update": (5, ".parquet is missing")}),
+    # Icechunk: a file of the repository gone or cut short. Before, a deleted manifest or
+    # chunk traced back (or aborted: exit 134), a truncated chunk went unseen by inspect
+    # and open_store, an update carried it forward into a version failing verify, and a
+    # lost snapshot or ref read as "incomplete, rerun it" (then "not a bertpipe store")
+    *_ice_rows("deleted icechunk manifest", "is missing (it lists the chunks of docs/mean)"),
+    *_ice_rows("truncated icechunk manifest", "is damaged (", "it lists the chunks of docs/mean"),
+    *_ice_rows("deleted icechunk chunk", "docs/mean: chunk c/0/0 is missing (file repo/chunks/"),
+    *_ice_rows("truncated icechunk chunk", "docs/mean: chunk c/0/0 is damaged ("),
+    *_ice_rows("deleted icechunk snapshot", "is missing; restore it from a backup, or move "
+               "the store aside and rerun its job", "repo/snapshots/"),
+    *_ice_rows("garbage icechunk branch ref", "repo/refs/branch.main/ref.json is damaged",
+               "move the store aside"),
 ]
 
 
 def _param(case: Case) -> Any:
     marks = [pytest.mark.no_store_schema] if case.damage == "newer format_version" else []
-    return pytest.param(case, id=f"{case.fmt}-{case.damage}-{case.command}", marks=marks)
+    where = "-isolated" if case.isolated and case.fmt == "icechunk" else ""
+    return pytest.param(case, id=f"{case.fmt}-{case.damage}-{case.command}{where}",
+                        marks=marks)
 
 
 @pytest.mark.parametrize("case", [_param(c) for c in TABLE])
@@ -324,6 +408,7 @@ def test_damaged_store(case: Case, pristine: dict[str, Path], tmp_path: Path) ->
     assert "Traceback" not in output, output
     assert code == case.code, output
     assert case.fragment in output, output
+    assert case.also in output, output
     if code:
         assert len([line for line in output.splitlines() if line.startswith("error:")]) == 1
     assert _fingerprint(store) == before  # a refused command changed nothing
@@ -503,3 +588,46 @@ def test_verify_of_a_path_that_is_no_store(tmp_path: Path) -> None:
     code, output = run_command("verify", tmp_path, isolated=False)
     assert code == 5 and "not a bertpipe store" in output, output
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+# ---------------------------------------------------------------- the real CLI, whole
+
+
+ICECHUNK_DAMAGE = [name for name in DAMAGE if "icechunk" in name]
+
+
+def test_no_command_over_a_damaged_icechunk_store_ends_in_a_signal_or_a_traceback(
+        pristine: dict[str, Path], tmp_path: Path) -> None:
+    """Each Icechunk damage, and `verify`, `inspect` and the nightly `extract` over it, as
+    the real `bertpipe` program in a process of its own, interpreter exit included (where a
+    Rust panic once aborted it: exit 134): exit 5, one `error:` line, no traceback."""
+    import os
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    runs: list[tuple[str, list[str]]] = []
+    for damage in ICECHUNK_DAMAGE:
+        folder = tmp_path / damage.replace(" ", "-")
+        store = folder / pristine["icechunk"].name
+        shutil.copytree(pristine["icechunk"], store)
+        DAMAGE[damage](store)
+        job = _next_night(_job_into(pristine["icechunk"], store))
+        job_file = write_job(folder / "job.yaml", job.to_dict())
+        for args in (["verify", str(store)], ["inspect", str(store)],
+                     ["extract", str(job_file)]):
+            runs.append((damage, [sys.executable, "-m", "pipeline.cli", *args]))
+
+    def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        done = list(pool.map(run, [argv for _, argv in runs]))
+    for (damage, argv), result in zip(runs, done, strict=True):
+        output = result.stdout + result.stderr
+        where = f"{damage}: bertpipe {argv[3]}: exit {result.returncode}: {output[-1500:]}"
+        assert result.returncode == 5, where  # not a signal (negative), not 134 (abort)
+        assert "Traceback" not in output and "panicked" not in output, where
+        assert len([line for line in output.splitlines() if line.startswith("error:")]) == 1

@@ -218,9 +218,11 @@ def complete_store(job: Job) -> tuple[str, Provenance] | None:
     contents = inspect_output(path)
     if contents.state != "store":
         return None
-    raw = store_at(path, contents.format or job.output.format).record()
+    fmt = store_at(path, contents.format or job.output.format)
+    raw = fmt.record()
     if raw is None or not is_complete(raw) or not raw.get("job"):
         return None
+    fmt.refuse_foreign_commits()  # another tool's commit is never built on (nor undone)
     opened = store_name(path)
     return opened, Provenance.from_dict(raw, opened)
 

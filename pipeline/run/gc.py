@@ -35,7 +35,10 @@ class Collected:
 
     def line(self) -> str:
         if not self.expired:
-            return f"{self.path}: nothing to expire (versions kept: {_listed(self.kept)})"
+            orphans = (f"; freed {self.bytes_freed / 1e6:.1f} MB no version used"
+                       if self.bytes_freed else "")
+            return (f"{self.path}: nothing to expire{orphans} (versions kept: "
+                    f"{_listed(self.kept)})")
         return (f"{self.path}: expired versions {_listed(self.expired)}, freed "
                 f"{self.bytes_freed / 1e6:.1f} MB; versions kept: {_listed(self.kept)}")
 

@@ -129,6 +129,9 @@ def _complete_store(job: Job, say: Callable[[str], None]) -> tuple[str, Provenan
     raw = fmt.record()
     if raw is None or contents.state != "store" or not is_complete(raw) or not raw.get("job"):
         return None  # the full run refuses, resumes or replaces it by its own rules
+    # before the store is opened (an Icechunk branch's head is another writer's snapshot)
+    # and anything encoded; the format checks again under the lock before it writes
+    fmt.refuse_foreign_commits()
     opened = store_name(path)
     return opened, Provenance.from_dict(raw, opened)
 
@@ -201,6 +204,7 @@ def _write_version(fmt: StoreFormat, version: int, assembly: Assembly, budget: i
     if fmt.writes_in_place:  # straight into the current arrays: nothing staged
         streamed, stats = streamed_version(assembly, budget)
         staging.confirm("write the new version")
+        fmt.fence_writes(lambda: staging.confirm("write the new version"))
         fmt.write_streamed_version(version, streamed)
         return stats
     assembled = Staging(path, ASSEMBLED)

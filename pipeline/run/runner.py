@@ -152,6 +152,7 @@ def commit_store(job: Job, staging: Staging, parts: Sequence[Partition], totals:
                          runtime_choice=choice)
     fmt = store_at(job.output.path, job.output.format)
     staging.confirm("commit")
+    fmt.fence_writes(lambda: staging.confirm("commit"))
     with staging.checked_reads(layout.indices):  # each staged part is read here, once
         fmt.commit(staging, layout, provenance)
     post_views = [v for v in job.views if v.post is not None]

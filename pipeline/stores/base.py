@@ -107,6 +107,29 @@ class StreamedVersion:
     blocks: Callable[[Unwritten], Iterator[dict[str, pa.Table | None]]]
 
 
+@dataclass(frozen=True)
+class ForeignCommit:
+    """A commit bertpipe did not make (its commit info lacks bertpipe's marker), as its
+    format's log names it."""
+
+    table: str  # a Delta table (docs, chunks, tokens) or an Icechunk branch
+    version: str  # the Delta table version, or the Icechunk snapshot id
+    operation: str  # what it did (Delta's operation), or its commit message
+    writer: str  # who wrote it, as its commit info says
+
+    def line(self) -> str:
+        return f"{self.table} {self.version} ({self.operation}, by {self.writer})"
+
+
+def describe_foreign(foreign: list[ForeignCommit], way_out: str) -> str:
+    """One line: the first commits another writer made, how many more, and `way_out`."""
+    shown = ", ".join(c.line() for c in foreign[:3])
+    more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+    return (f"{shown}{more}: another writer's {'commit' if len(foreign) == 1 else 'commits'}"
+            ", not bertpipe's (bertpipe neither rolls back nor builds on what it did not "
+            "write)" + (f"; {way_out}" if way_out else ""))
+
+
 class StoreFormat(ABC):
     """One on-disk format, bound to the store at `path` (local or an fsspec URL)."""
 
@@ -136,9 +159,17 @@ class StoreFormat(ABC):
         self.location = resolve(self.path)
         self._record: dict[str, Any] | None = None
         self._record_read = False
+        # the run's fencing check, made before each block of data a format writes where
+        # nothing is staged (a run taken over while paused writes nothing more)
+        self._fence: Callable[[], None] = _unfenced
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r})"
+
+    def fence_writes(self, check: Callable[[], None]) -> None:
+        """Make `check` (LockLostError when the run no longer holds the lock) before each
+        block of data this handle writes."""
+        self._fence = check
 
     @classmethod
     @abstractmethod
@@ -206,6 +237,27 @@ class StoreFormat(ABC):
         raise StoreError(f"{self.path}: no version {version}: a {self.name} store keeps its "
                          f"current version ({version_of(self.record())}) only; the icechunk "
                          "and delta formats keep earlier versions")
+
+    def foreign_commits(self) -> list[ForeignCommit]:
+        """Commits another writer made on top of bertpipe's newest one that change what it
+        left (none in a format with no commit log of its own)."""
+        return []
+
+    def foreign_problem(self) -> str | None:
+        """One line naming the commits of `foreign_commits` and the way out; None without
+        any."""
+        foreign = self.foreign_commits()
+        return self._foreign_line(foreign) if foreign else None
+
+    def refuse_foreign_commits(self) -> None:
+        """Refuse (StoreError) to write over another writer's commit: bertpipe never rolls
+        one back nor builds on what it did not write."""
+        problem = self.foreign_problem()
+        if problem:
+            raise StoreError(f"{self.path}: {problem}; nothing was changed")
+
+    def _foreign_line(self, foreign: list[ForeignCommit]) -> str:
+        return describe_foreign(foreign, "")
 
     def gc(self, keep: int) -> tuple[list[int], int]:
         """Keep the newest `keep` versions and reclaim what only the others use; the
@@ -338,6 +390,11 @@ class StoreFormat(ABC):
         asks for them all at once)."""
         return {rel: self.checked_size(rel) for rel in rels}
 
+    def stored_as(self, rel: str) -> str | None:
+        """The file that holds `rel` where it is not `rel` itself (an Icechunk chunk key's
+        chunk file), for messages; None otherwise."""
+        return None
+
     def whole_by_total(self, recorded: Mapping[str, FileSum]) -> set[str]:
         """Recorded files shown present with their sizes by a total over many of them,
         without a lookup each (none here: every file is looked up)."""
@@ -374,6 +431,10 @@ class StoreFormat(ABC):
     def drop_retired(self) -> None:
         """Remove what is left of versions before the current one (kept for the readers
         that opened them), and of a version a killed update wrote and never published."""
+
+
+def _unfenced() -> None:
+    """No fencing: a handle written outside a run (tests, notebooks)."""
 
 
 def column_matrix(column: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -64,7 +64,13 @@ from deltalake.transaction import AddAction, RemoveAction, create_table_with_add
 
 from ..errors import StoreError
 from ..io.location import Location, resolve
-from .base import StagedLevel, StreamedVersion, column_matrix
+from .base import (
+    ForeignCommit,
+    StagedLevel,
+    StreamedVersion,
+    column_matrix,
+    describe_foreign,
+)
 from .parquet_store import (
     DTYPE_KEY,
     READ_ERRORS,
@@ -299,6 +305,7 @@ class DeltaFormat(ParquetFormat):
         self._written: dict[str, FileSum] = {}
         self._snapshots: dict[tuple[str, int], DeltaTable | None] = {}
         self._docs_keys: np.ndarray | None = None  # docs `row` keys as opened, in order
+        self._restore_to: dict[str, int | None] = {}  # level -> bertpipe's newest commit
 
     cannot_grow_on_object_store = ""  # a commit is a new log entry: no file is renamed
 
@@ -482,6 +489,7 @@ class DeltaFormat(ParquetFormat):
             raise StoreError(f"{self.path}: version {self.version_wanted} is read only")
         if self._heads is not None:
             return
+        self.refuse_foreign_commits()  # never rolled back (the restore below) nor built on
         if is_complete(self.record()):
             for level, pinned in self._pins.items():
                 table = self._table(level)
@@ -497,6 +505,36 @@ class DeltaFormat(ParquetFormat):
         meta = {VERSION_KEY: version_of(self.record()), COMPLETE_KEY: False}
         self._try_commit(lambda: table.restore(version, commit_properties=CommitProperties(
             custom_metadata=meta, max_commit_retries=0)))
+
+    # ---- another writer's commits ---------------------------------------------------
+
+    def foreign_commits(self) -> list[ForeignCommit]:
+        """Per table, the commits after bertpipe's newest one (each bertpipe commit carries
+        `bertpipe_version`; Delta's commit info names any other's engine), unless they leave
+        the table as that commit left it (the same data files and schema: a vacuum, a
+        property set, a restore that undid them). Oldest first."""
+        found: list[ForeignCommit] = []
+        for level in LEVEL_ORDER:
+            table = self._table(level)
+            if table is None:
+                continue
+            newer, ours = _since_ours(table)
+            if not newer or (ours is not None and _same_state(self._table(level, ours), table)):
+                continue
+            self._restore_to[level] = ours
+            found += [ForeignCommit(level, f"version {c['version']}",
+                                    str(c.get("operation") or "a commit"), _writer(c))
+                      for c in reversed(newer)]
+        return found
+
+    def _foreign_line(self, foreign: list[ForeignCommit]) -> str:
+        tables = sorted({c.table for c in foreign}, key=list(LEVEL_ORDER).index)
+        restores = [f"DeltaTable('{self._uri(t)}').restore({self._restore_to[t]})"
+                    for t in tables if self._restore_to.get(t) is not None]
+        back = (f"copy what it wrote elsewhere if it is to be kept, give the table back to "
+                f"bertpipe with {' and '.join(restores)}, and rerun; or " if restores else "")
+        return describe_foreign(foreign, f"{back}rebuild the store with --overwrite "
+                                "(which drops it)")
 
     # ---- writing data files -------------------------------------------------------
 
@@ -1039,3 +1077,37 @@ def _relative(uri: str, table_uri: str) -> str:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _ours(commit: dict[str, Any]) -> bool:
+    """A commit bertpipe made: every one carries the store version it belongs to."""
+    return isinstance(commit.get(VERSION_KEY), int)
+
+
+def _since_ours(table: DeltaTable) -> tuple[list[dict[str, Any]], int | None]:
+    """The table's commits newer than bertpipe's newest (newest first) and that one's
+    version (None: bertpipe made none). The log is read back only as far as needed."""
+    limit = 8
+    while True:
+        commits = table.history(limit)
+        for i, commit in enumerate(commits):
+            if _ours(commit):
+                return commits[:i], int(commit["version"])
+        if len(commits) < limit:
+            return commits, None
+        limit *= 8
+
+
+def _same_state(ours: DeltaTable | None, head: DeltaTable) -> bool:
+    """Two versions of a table hold the same data files and schema."""
+    # the schemas as JSON values: a field's metadata keys come in no set order
+    return ours is not None and sorted(ours.file_uris()) == sorted(head.file_uris()) and \
+        json.loads(ours.schema().to_json()) == json.loads(head.schema().to_json())
+
+
+def _writer(commit: dict[str, Any]) -> str:
+    """Who made a commit, as its commit info says."""
+    for key in ("engineInfo", "clientVersion", "userName"):
+        if commit.get(key):
+            return str(commit[key])
+    return "a writer that did not name itself"

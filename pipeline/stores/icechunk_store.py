@@ -25,28 +25,38 @@ by Zarr key; a commit hashes the chunks it writes and keeps the recorded sums of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import warnings
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import icechunk
 import numpy as np
 import pyarrow as pa
 import zarr
-from zarr.abc.store import Store
-from zarr.core.buffer import Buffer, default_buffer_prototype
+from zarr.abc.store import ByteRequest, Store
+from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import WrapperStore
 
 from ..errors import StoreError
 from ..io.location import Location, resolve
-from .base import StreamedVersion
+from .base import ForeignCommit, StreamedVersion, describe_foreign
 from .columns import MISSING_ATTRIBUTE, StoredColumns
-from .integrity import CHUNK_DIR, VerifiedStore, files_by_array
+from .icechunk_files import RepoFile, chunk_files, damage_error, sizes_in
+from .integrity import CHUNK_DIR, VerifiedStore, array_of, files_by_array
 from .provenance import FileSum, is_complete, version_of
 from .staging import STAGING_DIR
 from .zarr_store import (
@@ -82,6 +92,10 @@ ICECHUNK_ROWS_PER_CHUNK = 256
 # rewrite: a million rows of `present` compress to kilobytes. Stores made with flat arrays
 # of 256 rows a chunk keep them (the factor divides every writer's block).
 ICECHUNK_FLAT_FACTOR = 32
+# `gc` deletes objects no snapshot refers to once they are this old: chunks a run killed or
+# fenced off wrote and never committed. Younger ones are left: another process's session
+# may still commit them (Icechunk's garbage collection cannot tell an orphan from those).
+ORPHAN_AGE_S = 3600.0
 VERSION_KEY = "bertpipe_version"  # in each commit's metadata: the store version it holds
 COMPLETE_KEY = "bertpipe_complete"
 REPOSITORY = "repo"  # the repository's folder inside the store
@@ -126,6 +140,79 @@ def is_repository(store: Location) -> bool:
     return store.child(REPOSITORY, "refs", f"branch.{BRANCH}", "ref.json").exists()
 
 
+def _is_panic(exc: BaseException) -> bool:
+    """A Rust panic inside Icechunk, raised by pyo3 as a BaseException."""
+    return type(exc).__name__ == "PanicException"
+
+
+@contextlib.contextmanager
+def icechunk_errors(path: str) -> Iterator[None]:
+    """Icechunk's errors and panics reading or writing the repository, as a StoreError
+    naming the file (a damaged repository), never a traceback or an abort."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except icechunk.ConflictError:
+        raise
+    except icechunk.IcechunkError as exc:
+        raise damage_error(path, REPOSITORY, exc) from None
+    except BaseException as exc:
+        if _is_panic(exc):
+            raise damage_error(path, REPOSITORY, exc) from None
+        raise
+
+
+class _GuardedStore(WrapperStore[Store]):
+    """An Icechunk session's store whose errors and panics are StoreErrors naming the
+    file (reads happen late, in zarr's loop: dask tasks, lazy arrays)."""
+
+    def __init__(self, store: Store, label: str):
+        super().__init__(store)
+        self._label = label
+
+    def _with_store(self, store: Store) -> _GuardedStore:
+        return _GuardedStore(store, self._label)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # Dask workers get a copy of the graph
+        return (_GuardedStore, (self._store, self._label))
+
+    async def get(self, key: str, prototype: BufferPrototype,
+                  byte_range: ByteRequest | None = None) -> Buffer | None:
+        with icechunk_errors(self._label):
+            return await self._store.get(key, prototype, byte_range)
+
+    async def exists(self, key: str) -> bool:
+        with icechunk_errors(self._label):
+            return await self._store.exists(key)
+
+    async def getsize(self, key: str) -> int:
+        with icechunk_errors(self._label):
+            return await self._store.getsize(key)
+
+    async def getsize_prefix(self, prefix: str) -> int:
+        with icechunk_errors(self._label):
+            return await self._store.getsize_prefix(prefix)
+
+    async def set(self, key: str, value: Buffer) -> None:
+        with icechunk_errors(self._label):
+            await self._store.set(key, value)
+
+    def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        return self._guarded(self._store.list_dir(prefix))
+
+    def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        return self._guarded(self._store.list_prefix(prefix))
+
+    def list(self) -> AsyncIterator[str]:
+        return self._guarded(self._store.list())
+
+    async def _guarded(self, keys: AsyncIterator[str]) -> AsyncIterator[str]:
+        with icechunk_errors(self._label):
+            async for key in keys:
+                yield key
+
+
 class _HashingStore(WrapperStore[Store]):
     """A store that records the checksum of every value written through it (what a commit
     seals, without reading back what it wrote)."""
@@ -164,6 +251,9 @@ class IcechunkFormat(ZarrFormat):
         self._reader: icechunk.Session | None = None
         self._writer: icechunk.Session | None = None
         self._written: dict[str, FileSum] = {}
+        self._ours_snapshot = ""  # bertpipe's newest snapshot (set by foreign_commits)
+        self._chunk_map: dict[str, RepoFile] | None = None  # chunk key -> its file
+        self._file_sizes: dict[str, int] | None = None  # chunk file name -> bytes there
 
     own_entries = frozenset({REPOSITORY, "index", STAGING_DIR})
     cannot_grow = ""  # a commit is a new snapshot: readers of the last one keep it
@@ -182,10 +272,14 @@ class IcechunkFormat(ZarrFormat):
 
     def repository(self) -> icechunk.Repository:
         if self._repo is None:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), icechunk_errors(self.path):
                 warnings.simplefilter("ignore")
                 self._repo = icechunk.Repository.open(storage_of(self.location))
         return self._repo
+
+    def _store(self) -> Store:
+        """The store of the session this handle reads or writes, its errors StoreErrors."""
+        return _GuardedStore(self._session().store, self.path)
 
     def _session(self) -> icechunk.Session:
         """The session this handle writes in, or else the snapshot it reads."""
@@ -198,7 +292,12 @@ class IcechunkFormat(ZarrFormat):
     def _open_reader(self) -> icechunk.Session:
         repo = self.repository()
         if self.version_wanted is None:
-            return repo.readonly_session(branch=BRANCH)
+            with icechunk_errors(self.path):
+                session = repo.readonly_session(branch=BRANCH)
+                # the branch's snapshot read now: a snapshot file gone is named here, not
+                # taken for a store with no provenance yet
+                repo.lookup_snapshot(session.snapshot_id)
+            return session
         for info in self.versions():
             if info.version == self.version_wanted:
                 return repo.readonly_session(snapshot_id=info.snapshot)
@@ -210,7 +309,9 @@ class IcechunkFormat(ZarrFormat):
         if self._writer is None:
             if self.version_wanted is not None:
                 raise StoreError(f"{self.path}: version {self.version_wanted} is read only")
-            self._writer = self.repository().writable_session(BRANCH)
+            self.refuse_foreign_commits()  # never built on (nor reset over)
+            with icechunk_errors(self.path):
+                self._writer = self.repository().writable_session(BRANCH)
             self._written = {}
         return self._writer
 
@@ -219,18 +320,53 @@ class IcechunkFormat(ZarrFormat):
         session = self._begin()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            zarr.open_group(session.store, mode="a", use_consolidated=False
-                            ).update_attributes({"bertpipe": raw})
+            zarr.open_group(_GuardedStore(session.store, self.path), mode="a",
+                            use_consolidated=False).update_attributes({"bertpipe": raw})
         message = f"bertpipe: version {version_of(raw)}" + \
             (" (complete)" if is_complete(raw) else "")
         try:
-            session.commit(message, metadata={VERSION_KEY: version_of(raw),
-                                              COMPLETE_KEY: is_complete(raw)})
+            with icechunk_errors(self.path):
+                session.commit(message, metadata={VERSION_KEY: version_of(raw),
+                                                  COMPLETE_KEY: is_complete(raw)})
         except icechunk.ConflictError as exc:
             raise StoreError(f"{self.path}: another run committed to the store meanwhile "
                              f"({exc}); nothing of this run was committed") from None
         self._writer, self._reader = None, None
+        self._chunk_map, self._file_sizes = None, None  # of the snapshot read before
         self._remember_record(raw)
+
+    # ---- another writer's commits --------------------------------------------------
+
+    def foreign_commits(self) -> list[ForeignCommit]:
+        """The commits on the branch after bertpipe's newest one (each of bertpipe's carries
+        `bertpipe_version` in its metadata), unless together they change nothing of what it
+        left (Icechunk's diff is empty). Oldest first."""
+        with icechunk_errors(self.path):
+            return self._foreign_commits()
+
+    def _foreign_commits(self) -> list[ForeignCommit]:
+        newer: list[icechunk.SnapshotInfo] = []
+        ours = None
+        for info in self.repository().ancestry(branch=BRANCH):
+            if isinstance((info.metadata or {}).get(VERSION_KEY), int):
+                ours = info
+                break
+            if info.parent_id is not None:  # the repository's empty first snapshot is none
+                newer.append(info)
+        if not newer or ours is None or _unchanged(self.repository().diff(
+                from_snapshot_id=ours.id, to_branch=BRANCH)):
+            return []
+        self._ours_snapshot = ours.id
+        return [ForeignCommit(f"branch {BRANCH}", f"snapshot {info.id}", repr(info.message),
+                              _author(info)) for info in reversed(newer)]
+
+    def _foreign_line(self, foreign: list[ForeignCommit]) -> str:
+        head = foreign[-1].version.split()[-1]
+        return describe_foreign(foreign, (
+            f"keep it on a branch of its own with repo.create_branch('kept', '{head}'), give "
+            f"the branch back to bertpipe with repo.reset_branch('{BRANCH}', "
+            f"'{self._ours_snapshot}'), and rerun; or rebuild the store with --overwrite "
+            "(which drops it)"))
 
     # ---- the provenance ----------------------------------------------------------
 
@@ -245,10 +381,10 @@ class IcechunkFormat(ZarrFormat):
         self._commit(raw)
 
     def _read_record(self) -> dict[str, Any] | None:
+        store = self._store()  # a damaged repository is named, not taken for an empty one
         try:
-            group = zarr.open_group(self._session().store, mode="r")
-        except (FileNotFoundError, ValueError, zarr.errors.GroupNotFoundError,
-                icechunk.IcechunkError):
+            group = zarr.open_group(store, mode="r")
+        except (FileNotFoundError, ValueError, zarr.errors.GroupNotFoundError):
             return None
         prov = group.attrs.get("bertpipe")
         return dict(prov) if isinstance(prov, dict) else None
@@ -269,13 +405,13 @@ class IcechunkFormat(ZarrFormat):
 
     def _root(self) -> Any:
         session = self._begin()
-        return zarr.open_group(_HashingStore(session.store, self._written), mode="a",
-                               use_consolidated=False)
+        return zarr.open_group(_HashingStore(_GuardedStore(session.store, self.path),
+                                             self._written), mode="a", use_consolidated=False)
 
     def _group(self, writable: bool = False) -> Any:
         if writable:
             return self._root()
-        store = VerifiedStore(self._session().store, self.recorded_checksums(), self.path)
+        store = VerifiedStore(self._store(), self.recorded_checksums(), self.path)
         return zarr.open_group(store, mode="r", use_consolidated=False)
 
     def _prefix(self) -> str:
@@ -287,7 +423,7 @@ class IcechunkFormat(ZarrFormat):
     def _write_arrays(self, target: Any, level: str, parts: Iterator[pa.Table], rows: int,
                       columns: StoredColumns, widths: dict[str, int]) -> None:
         """A level's arrays made equal to its parts, writing only the chunks that differ."""
-        updater = _LevelUpdater(target, level, rows, columns, widths)
+        updater = _LevelUpdater(target, level, rows, columns, widths, self._fence)
         for table in parts:
             updater.add(table)
         updater.close()
@@ -300,7 +436,7 @@ class IcechunkFormat(ZarrFormat):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             updaters = {level: _LevelUpdater(root, level, rows, streamed.columns[level],
-                                             streamed.widths[level])
+                                             streamed.widths[level], self._fence)
                         for level, rows in streamed.rows.items()}
             unwritten = {level: updater.leave_same(streamed.same[level])
                          for level, updater in updaters.items()}
@@ -351,7 +487,8 @@ class IcechunkFormat(ZarrFormat):
 
     def _files_of(self, version: int) -> list[str]:
         """Every key of the arrays (chunks and array metadata) in the session's snapshot."""
-        keys = _session_keys(self._session())
+        with icechunk_errors(self.path):
+            keys = _session_keys(self._session())
         return sorted(key for key in keys if key.split("/", 1)[0] in DATA_DIRS
                       and not any(p.startswith(".") for p in key.split("/")))
 
@@ -359,9 +496,12 @@ class IcechunkFormat(ZarrFormat):
         return self.file_sums([rel])[rel]
 
     def file_sums(self, rels: Iterable[str]) -> dict[str, FileSum | None]:
-        store = self._session().store
+        store = self._store()
+        gone = self._files_gone()  # not asked of Icechunk: it would fail on them
 
         async def read(rel: str) -> FileSum | None:
+            if rel in gone:
+                return None
             value = await store.get(rel, default_buffer_prototype())
             if value is None:
                 return None
@@ -375,13 +515,17 @@ class IcechunkFormat(ZarrFormat):
 
     def checked_sizes(self, rels: Iterable[str]) -> dict[str, int | None]:
         session = self._session()
-        store = session.store
+        store = self._store()
         keys = list(rels)
+        files, there = self._chunk_files(), self._sizes_there()
         # which keys exist (an unwritten chunk key has size 0 too): for many keys, from the
         # snapshot's listing rather than one more call each
-        held = set(_session_keys(session)) if len(keys) > KEYS_IN_FLIGHT else None
+        with icechunk_errors(self.path):
+            held = set(_session_keys(session)) if len(keys) > KEYS_IN_FLIGHT else None
 
         async def size(rel: str) -> int | None:
+            if rel in files and there.get(files[rel].name) != files[rel].size:
+                return there.get(files[rel].name)  # its file is gone or not whole
             exists = rel in held if held is not None else await store.exists(rel)
             return int(await store.getsize(rel)) if exists else None
 
@@ -398,6 +542,11 @@ class IcechunkFormat(ZarrFormat):
         by_array = {array: rels for array, rels in files_by_array(recorded).items()
                     if any(CHUNK_DIR in rel for rel in rels)}  # a group holds no chunk
         store = self._session().store
+        files, there = self._chunk_files(), self._sizes_there()
+        # a chunk file gone or cut short: its array's keys are looked up one by one
+        short = {array_of(rel) for rel, f in files.items() if rel in recorded
+                 and there.get(f.name) != f.size}
+        by_array = {array: rels for array, rels in by_array.items() if array not in short}
 
         async def total(array: str) -> int | None:
             try:
@@ -410,7 +559,33 @@ class IcechunkFormat(ZarrFormat):
                 if totals[array] == sum(recorded[rel].size for rel in rels) for rel in rels}
 
     def _plain_root(self) -> Any:
-        return zarr.open_group(self._session().store, mode="r", use_consolidated=False)
+        return zarr.open_group(self._store(), mode="r", use_consolidated=False)
+
+    # ---- the repository's files ----------------------------------------------------
+
+    def _chunk_files(self) -> dict[str, RepoFile]:
+        """Chunk key -> the file holding it, in the snapshot this handle reads; every
+        manifest checked whole first (icechunk_files)."""
+        if self._chunk_map is None:
+            session = self._session()
+            with icechunk_errors(self.path):
+                self._chunk_map = chunk_files(self.repository(), session.snapshot_id,
+                                              self.location, REPOSITORY, self.path)
+        return self._chunk_map
+
+    def _sizes_there(self) -> dict[str, int]:
+        """Each chunk file's size as the repository's folder lists it (one listing)."""
+        if self._file_sizes is None:
+            self._file_sizes = sizes_in(self.location.child(REPOSITORY, "chunks"))
+        return self._file_sizes
+
+    def _files_gone(self) -> set[str]:
+        files, there = self._chunk_files(), self._sizes_there()
+        return {rel for rel, f in files.items() if f.name not in there}
+
+    def stored_as(self, rel: str) -> str | None:
+        found = self._chunk_files().get(rel)
+        return found.rel if found else None
 
     def version_numbers(self) -> list[int]:
         return [v.version for v in self.versions()]
@@ -432,7 +607,9 @@ class IcechunkFormat(ZarrFormat):
         """The complete versions the branch's history holds, newest first (a version's
         newest snapshot: post-processing commits a version again)."""
         seen: dict[int, VersionInfo] = {}
-        for info in self.repository().ancestry(branch=BRANCH):
+        with icechunk_errors(self.path):
+            history = list(self.repository().ancestry(branch=BRANCH))
+        for info in history:
             meta = info.metadata or {}
             version = meta.get(VERSION_KEY)
             if isinstance(version, int) and meta.get(COMPLETE_KEY) and version not in seen:
@@ -440,18 +617,41 @@ class IcechunkFormat(ZarrFormat):
         return sorted(seen.values(), key=lambda v: -v.version)
 
     def gc(self, keep: int) -> tuple[list[int], int]:
-        """Expire every version but the newest `keep` and delete what only they used;
-        the versions expired and the bytes freed."""
+        """Expire every version but the newest `keep` and delete what only they used, and
+        the orphans of runs that never committed (killed, or fenced off after a pause:
+        objects no snapshot refers to, older than ORPHAN_AGE_S); the versions expired and
+        the bytes freed."""
         held = self.versions()
         if keep < 1:
             raise StoreError("--keep: at least 1 (the current version)")
-        if len(held) <= keep:
-            return [], 0
-        oldest_kept = held[keep - 1].written_at
+        self.refuse_foreign_commits()  # an expiry would rewrite the history it is in
         repo = self.repository()
-        repo.expire_snapshots(older_than=oldest_kept)
-        summary = repo.garbage_collect(oldest_kept)
+        # an object younger than this may belong to another process's session that has
+        # not committed yet (bertpipe's own writers are held off by the lock gc holds)
+        cutoff = datetime.now(UTC) - timedelta(seconds=ORPHAN_AGE_S)
+        with icechunk_errors(self.path):
+            if len(held) > keep:
+                oldest_kept = held[keep - 1].written_at
+                repo.expire_snapshots(older_than=oldest_kept)
+                cutoff = max(cutoff, oldest_kept)
+            summary = repo.garbage_collect(cutoff)
         return [v.version for v in held[keep:]], int(summary.bytes_deleted)
+
+
+def _unchanged(diff: icechunk.Diff) -> bool:
+    return not any(getattr(diff, name) for name in (
+        "new_groups", "new_arrays", "deleted_groups", "deleted_arrays", "updated_groups",
+        "updated_arrays", "updated_chunks"))
+
+
+def _author(info: icechunk.SnapshotInfo) -> str:
+    """Who made a commit, as far as its metadata says."""
+    meta = info.metadata or {}
+    for key in ("author", "user", "writer", "tool"):
+        if meta.get(key):
+            return str(meta[key])
+    return f"a writer that did not name itself, metadata {meta}" if meta else \
+        "a writer that did not name itself"
 
 
 def _session_keys(session: icechunk.Session) -> list[str]:
@@ -487,7 +687,8 @@ class _LevelUpdater:
     are regrouped into blocks of whole chunks (a chunk is compared and written once)."""
 
     def __init__(self, root: Any, level: str, n: int, columns: StoredColumns,
-                 widths: dict[str, int]):
+                 widths: dict[str, int], fence: Callable[[], None]):
+        self.fence = fence  # made before each block: Icechunk stores a chunk as it is set
         self.group = root.require_group(level)
         self.level, self.n, self.columns, self.widths = level, n, columns, widths
         self.arrays: dict[str, tuple[Any, bool]] = {}
@@ -533,6 +734,8 @@ class _LevelUpdater:
         self.pending, self.held = [], 0
 
     def _write(self, table: pa.Table) -> None:
+        # a run taken over while paused writes no chunk (each would be an orphan object)
+        self.fence()
         dim = LEVEL_DIMS[self.level]
         for name in table.column_names:
             if name == "row":

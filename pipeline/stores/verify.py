@@ -36,7 +36,8 @@ class Verified:
 def verify_store(path: str | Path) -> list[str]:
     """Everything wrong with a store, one line each (empty when it proves itself).
 
-    Checks the `complete` flag, every recorded checksum (file present, size, SHA-256),
+    Checks the `complete` flag, that no other writer committed over bertpipe's newest
+    commit (Delta, Icechunk), every recorded checksum (file present, size, SHA-256),
     files no checksum covers, the rows of every array or file against the provenance's
     stats, and that every view is stored. A path that is no store, or a store of a newer
     format version, raises StoreError.
@@ -47,6 +48,9 @@ def verify_store(path: str | Path) -> list[str]:
     fmt = detect_format(path)
     if not is_complete(fmt.record()):
         return ["the store is incomplete (its job has not finished; rerun it to resume)"]
+    foreign = fmt.foreign_problem()
+    if foreign:  # what bertpipe checks is its own commit; the store's head is another's
+        return [foreign]
     provenance = fmt.provenance()
     return _checksum_problems(fmt, provenance) + _row_problems(fmt, provenance)
 
@@ -77,7 +81,7 @@ def check_sizes(fmt: StoreFormat) -> None:
     recorded = fmt.recorded_checksums()
     whole = fmt.whole_by_total(recorded)
     sizes = fmt.checked_sizes(rel for rel in recorded if rel not in whole)
-    found = {rel: problem for rel, size in sizes.items()
+    found = {rel: problem + _file_note(fmt, rel) for rel, size in sizes.items()
              if (problem := size_problem(rel, size, recorded[rel]))}
     problems = describe(found, {rel for rel, size in sizes.items() if size is None}, recorded)
     if problems:
@@ -91,7 +95,7 @@ def _checksum_problems(fmt: StoreFormat, provenance: Provenance) -> list[str]:
         return ["no checksums recorded (written before bertpipe recorded them); rerun its "
                 "job with --overwrite to rewrite it"]
     sums = fmt.file_sums(recorded)
-    found = {rel: problem for rel, expected in recorded.items()
+    found = {rel: problem + _file_note(fmt, rel) for rel, expected in recorded.items()
              if (problem := sum_problem(rel, sums[rel], expected))}
     problems = describe(found, {rel for rel, sum_ in sums.items() if sum_ is None}, recorded)
     problems += [f"{where(rel)} is not recorded in the provenance (written after the store "
@@ -121,3 +125,9 @@ def _row_problems(fmt: StoreFormat, provenance: Provenance) -> list[str]:
         if missing:
             problems.append(f"{level}: views {', '.join(missing)} are not stored")
     return problems
+
+
+def _file_note(fmt: StoreFormat, rel: str) -> str:
+    """` (file <name>)` where another file than `rel` holds it (an Icechunk chunk)."""
+    stored = fmt.stored_as(rel)
+    return f" (file {stored})" if stored else ""
