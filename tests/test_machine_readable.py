@@ -37,10 +37,36 @@ def test_summary_counts_match_the_store(tmp_path: Path, tiny_bert: Path,
     assert code == 0 and summary["meaning"] == "ok" and summary["error"] is None
     assert summary["rows"] == store.docs.sizes["doc"] == 10
     assert summary["tokens"] == int(np.asarray(store.docs["n_tokens"].values).sum())
-    assert summary["tokens_encoded_this_run"] == summary["tokens"]
+    # tokens fed to the model: each distinct text with its [CLS] and [SEP] (no text here is
+    # long enough to be cut), counted by the tokenizer itself; the history says the same
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_bert))
+    texts = set(pipeline.open_store(tmp_path / "o.zarr").docs["text_sha256"].values)
+    fed = sum(len(tokenizer(t)["input_ids"]) for t in _texts(small_texts))
+    assert len(texts) == 10
+    assert summary["tokens_encoded_this_run"] == fed == store.provenance.history[-1].tokens
+    assert summary["tokens_encoded_this_run"] == summary["tokens"] + 2 * 10
     assert summary["chunks"] == int(np.asarray(store.docs["n_chunks"].values).sum())
     assert summary["partitions"] == {"total": 2, "skipped": 0, "run": 2, "failed": 0}
     assert summary["device"] == ["cpu"] and summary["dtype"] == ["float32"]
+
+
+def _texts(path: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).column("text").to_pylist()
+
+
+def test_the_summary_line_and_the_history_count_the_same_tokens(
+        tmp_path: Path, tiny_bert: Path, small_texts: Path) -> None:
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr")
+    result = CliRunner().invoke(main, ["extract", str(write_job(tmp_path / "j.yaml", job))])
+    assert result.exit_code == 0, result.output
+    history = pipeline.open_store(tmp_path / "o.zarr").provenance.history[-1]
+    assert f" {history.tokens} tokens encoded in " in result.stdout
+    inspected = CliRunner().invoke(main, ["inspect", str(tmp_path / "o.zarr")])
+    assert f", {history.tokens} tokens, " in inspected.stdout
 
 
 def test_a_resume_counts_only_what_it_encoded(tmp_path: Path, tiny_bert: Path,

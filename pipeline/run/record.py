@@ -29,8 +29,10 @@ OnPlan = Callable[[Sequence[Partition], Sequence[Partition]], None]
 
 @dataclass
 class RunSummary:
-    """What a run did. `rows`, `chunks`, `tokens` describe the finished store; `tokens_run`
-    and the rate count only the partitions encoded by this run (not those a resume skipped).
+    """What a run did. `rows`, `chunks`, `tokens` describe the finished store (`tokens`: the
+    documents' tokens); `tokens_run` and the rate count the tokens this run fed to the model
+    (special tokens and chunk overlap included: what the history's `tokens` records), only
+    in the partitions encoded by this run (not those a resume skipped).
     Filled as the run goes, so a failed run still reports how far it got.
 
     Rows by what the run did with them: a full run adds every row; an incremental run adds
@@ -124,7 +126,9 @@ def collect(done: dict[int, PartitionMarker], on_done: OnDone | None,
             summary: RunSummary) -> OnDone:
     def record(part: Partition, marker: PartitionMarker) -> None:
         done[part.index] = marker
-        summary.tokens_run += marker.n_tokens
+        # tokens fed to the model, as the history records them: a summary that counted the
+        # documents' tokens disagreed with it by the special tokens of every chunk
+        summary.tokens_run += marker.n_encoded
         summary.devices = sorted({*summary.devices, marker.device})
         summary.dtypes = sorted({*summary.dtypes, marker.dtype})
         if on_done:
