@@ -806,12 +806,21 @@ def test_dry_run_prints_the_plan_and_creates_nothing(tmp_path: Path, tiny_bert: 
     out = result.stdout
     assert "bert, 2 layers, hidden 32, 64 positions" in out
     assert "views      mean (32), cls (32)" in out
-    assert f"{w.src}  12 rows" in out
+    assert f"{w.src}  12 rows" in out and "input      1 file, 12 rows" in out
     assert "partitions 3 of at most 4 rows" in out
     assert "does not exist yet" in out and "nothing was created or written" in out
+    # an incremental run onto no store runs in full: the plan says so
+    incremental = CliRunner().invoke(main, ["extract", job, "--dry-run", "--incremental",
+                                            "--set", "output.format=parquet"])
+    assert incremental.exit_code == 0, incremental.output
+    assert "mode       full: no store yet, so every row is encoded" in incremental.stdout
+    assert "mode       incremental" not in incremental.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     validate = CliRunner().invoke(main, ["validate", job])
     assert validate.exit_code == 0 and "input 1 file, 12 rows, 3 partitions" in validate.stdout
+    one = CliRunner().invoke(main, ["validate", job, "--set", "execution.partition_rows=64"])
+    assert one.exit_code == 0 and "input 1 file, 12 rows, 1 partition" in one.stdout
+    assert "1 partitions" not in one.stdout
 
 
 def test_usage_errors_are_one_line_and_help_still_shows() -> None:
