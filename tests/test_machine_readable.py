@@ -119,3 +119,23 @@ def test_inspect_json_matches_the_store(tmp_path: Path, tiny_bert: Path,
     assert facts["coverage"]["tokens"] == int(np.asarray(store.docs["n_tokens"].values).sum())
     assert {(g["view"], g["fix"]) for g in facts["geometry"]} >= {("mean", "raw"),
                                                                   ("cls", "whiten")}
+
+
+def test_inspect_names_software_versions_and_store_versions_apart(
+        tmp_path: Path, tiny_bert: Path, small_texts: Path) -> None:
+    import importlib.metadata as md
+
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr")
+    assert CliRunner().invoke(main, ["extract", str(write_job(tmp_path / "j.yaml", job))]
+                              ).exit_code == 0
+    facts = json.loads(CliRunner().invoke(main, ["inspect", str(tmp_path / "o.zarr"),
+                                                 "--json"]).stdout)
+    jsonschema.validate(facts, _schema("inspect.schema.json"))
+    assert facts["software_versions"]["torch"] == md.version("torch")
+    assert facts["version"] == 0 and facts["versions_kept"] == [0]
+    # the names of earlier releases, kept for the scripts that read them
+    assert facts["versions"] == facts["software_versions"]
+    assert facts["readable_versions"] == facts["versions_kept"]
+    text = CliRunner().invoke(main, ["inspect", str(tmp_path / "o.zarr")]).stdout
+    assert f"software   bertpipe {pipeline.__version__}, torch {md.version('torch')}" in text
+    assert "\nversions   " not in text

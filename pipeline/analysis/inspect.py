@@ -44,7 +44,8 @@ def describe(store: Store) -> str:
                                    model.weights_sha256.items()),
         f"ran on     {', '.join(prov.device)} ({', '.join(prov.dtype)}), {prov.created}",
         *_choice_lines(prov.runtime_choice),
-        "versions   " + ", ".join(f"{k} {v}" for k, v in prov.versions.items()),
+        # the software that wrote it ("version" above and "versions kept" are the store's)
+        "software   " + ", ".join(f"{k} {v}" for k, v in prov.versions.items()),
     ]
     lines.extend(_history_lines(store))
     return "\n".join(lines)
@@ -212,6 +213,7 @@ def store_facts(store: Store) -> dict[str, Any]:
     n_chunks = np.asarray(docs["n_chunks"].values)
     per_doc = n_chunks[n_chunks > 0]
     gone, superseded = _flagged(store)
+    kept = store.fmt.version_numbers()  # store versions open_store(path, version=k) opens
     views = []
     for name in store.views:
         spec, post = prov.view_spec(name), prov.post.get(name)
@@ -238,8 +240,10 @@ def store_facts(store: Store) -> dict[str, Any]:
         "model": {"path": prov.model.path, "type": prov.model.model_type,
                   "weights_sha256": prov.model.weights_sha256},
         "device": prov.device, "dtype": prov.dtype, "created": prov.created,
-        "versions": prov.versions, "stats": prov.stats,
-        "version": prov.version, "readable_versions": store.fmt.version_numbers(),
+        "software_versions": prov.versions, "stats": prov.stats,
+        "version": prov.version, "versions_kept": kept,
+        # the keys these had before (deprecated): scripts written against them keep working
+        "versions": prov.versions, "readable_versions": kept,
         "flagged_gone": gone,
         "superseded": superseded,
         "history": [dataclasses.asdict(run) for run in prov.history],
