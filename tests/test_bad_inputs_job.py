@@ -497,6 +497,19 @@ ROWS = [
     Row("search empty query", _cli("search", ZARR, ""), 2, "QUERY': the query is empty"),
     Row("search blank query", _cli("search", PARQUET, "  ", " "), 2, "the query is empty"),
     Row("search without a query", _cli("search", ZARR), 2, "Missing argument 'QUERY...'"),
+    # a store version: a number (its digits as a string read as it), or refused naming it
+    Row("api: open_store version not a number", _api(lambda w: pipeline.open_store(
+        w.stores["zarr"], version="latest")), 2, "version='latest' is not a store version: "
+        "give a whole number 0, 1, ..."),
+    Row("api: open_store version negative", _api(lambda w: pipeline.open_store(
+        w.stores["zarr"], version=-1)), 2, "version=-1 is not a store version"),
+    Row("api: open_store version True", _api(lambda w: pipeline.open_store(
+        w.stores["parquet"], version=True)), 2, "version=True is not a store version"),
+    Row("api: open_store version 1.0", _api(lambda w: pipeline.open_store(
+        w.stores["zarr"], version=1.0)), 2, "version=1.0 is not a store version"),
+    Row("api: open_store version '1' of a store that keeps version 0 only", _api(
+        lambda w: pipeline.open_store(w.stores["zarr"], version="1")), 5,
+        "no version 1: a zarr store keeps its current version (0) only"),
     Row("api: search k=0", _api(lambda w: pipeline.open_store(w.stores["zarr"]).search(
         "good", k=0)), 2, "-k: 0 hits asked for"),
     Row("api: search of an empty text", _api(lambda w: pipeline.open_store(
@@ -774,6 +787,20 @@ def test_bad_input(row: Row, tmp_path: Path, tiny_bert: Path, tiny_distilbert: P
     if not row.output_may_exist:
         assert not w.out.exists(), "a refused job created its output"
     assert not any(p.exists() for p in outside), "a name wrote outside the store"
+
+
+def test_a_store_version_given_as_its_digits_opens_that_version(stores: dict[str, Path]
+                                                                 ) -> None:
+    """A version read from a command line or a config file is a string: "0" is version 0
+    (it was refused as "no version 0 ... keeps its current version (0) only")."""
+    import numpy as np
+
+    for fmt in ("zarr", "parquet"):
+        current = pipeline.open_store(stores[fmt])
+        for version in ("0", " 0", np.int64(0)):
+            opened = pipeline.open_store(stores[fmt], version=version)
+            assert opened.provenance.version == 0
+            np.testing.assert_array_equal(opened.vectors("mean"), current.vectors("mean"))
 
 
 def test_table_covers_every_finding() -> None:
