@@ -161,7 +161,8 @@ def open_store(path: str | Path, require_complete: bool = True,
     "${AWS_ACCESS_KEY_ID}"}). `version`: an earlier version an Icechunk or Delta store keeps
     (`bertpipe inspect` lists them; `"1"` reads as 1); the current one when not given.
     Arrays are dask arrays; `dask=False` reads a Zarr or Icechunk store's arrays with
-    xarray's own lazy indexing instead (no dask import: quicker for a script that reads a few columns once)."""
+    xarray's own lazy indexing instead (no dask import: quicker for a script that reads a
+    few columns once)."""
     data = open_store_data(path, require_complete, storage_options, version, dask)
     return Store(data.path, data.fmt, data.provenance, data.docs, data.chunks,
                  data.token_dataset)
