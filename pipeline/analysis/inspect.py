@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError
-from ..run.record import superseded_phrase
+from ..run.record import carried_phrase, superseded_phrase
 from ..spec import ViewSpec
 from ..stores.opened import StoreData as Store
 from ..stores.provenance import RuntimeChoice
@@ -103,6 +103,7 @@ def _history_lines(store: Store) -> list[str]:
             what += (f", {run.replaced} replaced, {run.unchanged} unchanged, {run.gone} "
                      f"gone{kept}")
             what += superseded_phrase(run.superseded, run.dropped)
+            what += carried_phrase(run.carried_changed)
         lines.append(f"{head}{run.started}  {run.kind:<11} v{run.version}  {run.rows} rows: "
                      f"{what}; encoded {run.encoded} ({run.copied} copied), {run.tokens} "
                      f"tokens, {run.wall_s:.1f}s; input {run.input_rows} rows in "

@@ -63,6 +63,7 @@ class RunSummary:
     pruned: int = 0  # of those, removed (the others are kept, present: false)
     superseded: int = 0  # rows kept, flagged, that an edit superseded (Icechunk)
     dropped: int = 0  # superseded rows removed
+    carried_changed: int = 0  # rows of known ids whose carried values changed
     incremental: bool = False
     version: int = 0
 
@@ -85,7 +86,8 @@ class RunSummary:
                 " (removed)" if self.pruned else " (kept with present=false)"
             return (f"version {self.version}: encoded {self.encoded} rows, skipped "
                     f"{self.unchanged} unchanged, replaced {self.replaced}, added "
-                    f"{self.added}, {self.gone} gone{kept}{self._superseded()}; "
+                    f"{self.added}, {self.gone} gone{kept}{self._superseded()}"
+                    f"{carried_phrase(self.carried_changed)}; "
                     f"{self.copied} encodings saved by identical texts; {self.rows} rows in "
                     f"the store; {rate}; {parts}")
         this_run = " this run" if self.skipped else ""  # a resume: the rest was done before
@@ -111,7 +113,8 @@ class RunSummary:
                                     "added": self.added, "replaced": self.replaced,
                                     "skipped": self.unchanged, "gone": self.gone,
                                     "pruned": self.pruned, "superseded": self.superseded,
-                                    "dropped": self.dropped}}
+                                    "dropped": self.dropped,
+                                    "carried_changed": self.carried_changed}}
 
 
 def superseded_phrase(superseded: int, dropped: int) -> str:
@@ -120,6 +123,13 @@ def superseded_phrase(superseded: int, dropped: int) -> str:
     said = [f"{superseded} superseded kept"] if superseded else []
     said += [f"{dropped} superseded dropped"] if dropped else []
     return f", {', '.join(said)}" if said else ""
+
+
+def carried_phrase(changed: int) -> str:
+    """", carried values changed in N rows" (a night that only relabels rows encodes,
+    replaces and adds nothing: this is what it did), or "" when none."""
+    return f", carried values changed in {changed} row{'s' * (changed != 1)}" if changed \
+        else ""
 
 
 def collect(done: dict[int, PartitionMarker], on_done: OnDone | None,
