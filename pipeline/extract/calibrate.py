@@ -20,7 +20,8 @@ fast. The fastest one left wins.
 The decision is cached in `<BERTPIPE_CACHE_DIR or ~/.cache/bertpipe>/calibration/`, one
 JSON file per key: the CPU (model name and flags), the torch, transformers and openvino
 versions, the weights' SHA-256, the views' definitions and what the job left open. Another
-key measures again; a damaged file is measured again with a warning. A run decides once on
+key measures again; a damaged file (unreadable, or a field of the wrong type: it would be
+recorded in the store) is measured again with a one-line warning. A run decides once on
 the client and hands the decision to every worker, so a store never mixes runtimes.
 """
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import tempfile
 import time
@@ -165,16 +167,54 @@ def read_cached(path: Path, key: dict[str, Any], offered: Sequence[tuple[str, st
                     type(exc).__name__)
         return None
     try:
-        if raw["key"] != key:
+        if not isinstance(raw, dict) or raw.get("key") != key:
             return None
-        choice = raw["choice"]
-        if (choice["runtime"], choice["dtype"]) not in offered:
-            raise ValueError("a candidate not offered")
-        table = tuple(CandidateRow(**row) for row in choice["table"])
-        return RuntimeChoice(str(choice["runtime"]), str(choice["dtype"]), "cache", table)
-    except (KeyError, TypeError, ValueError) as exc:
+        return checked_choice(raw.get("choice"), offered)
+    except ValueError as exc:
         log.warning("calibration cache %s is damaged (%s); measuring again", path, exc)
         return None
+
+
+# A cached table row's fields and the types they must have: a row read as given would be
+# recorded in the store and break `inspect` there (a speed of "fast" cannot be printed).
+ROW_TYPES: dict[str, tuple[type, ...]] = {
+    "runtime": (str,), "dtype": (str,), "tokens_per_s": (int, float),
+    "min_cosine": (int, float), "agrees": (bool,), "chosen": (bool,), "note": (str,)}
+
+
+def checked_choice(choice: Any, offered: Sequence[tuple[str, str]]) -> RuntimeChoice:
+    """The cached decision, every field of the type it is written with, its table the
+    candidates offered now with the decision the one row chosen; else a ValueError saying
+    what is wrong (the cache is then measured again)."""
+    if not isinstance(choice, dict) or not isinstance(choice.get("table"), list):
+        raise ValueError("no choice with a table of candidates")
+    picked = (choice.get("runtime"), choice.get("dtype"))
+    if picked not in offered:
+        raise ValueError(f"chose {picked[0]!r} {picked[1]!r}, not a candidate offered")
+    table = tuple(checked_row(row, i) for i, row in enumerate(choice["table"]))
+    if sorted((r.runtime, r.dtype) for r in table) != sorted(offered):
+        raise ValueError("its table is not of the candidates offered")
+    if [(r.runtime, r.dtype) for r in table if r.chosen] != [picked]:
+        raise ValueError("its table does not mark the choice as the one chosen row")
+    return RuntimeChoice(str(picked[0]), str(picked[1]), "cache", table)
+
+
+def checked_row(row: Any, index: int) -> CandidateRow:
+    if not isinstance(row, dict):
+        raise ValueError(f"table row {index} is not an object")
+    for name, types in ROW_TYPES.items():
+        value = row.get(name, "" if name == "note" else None)
+        # bool is an int in Python: a speed of true is no speed
+        if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+            raise ValueError(f"table row {index}: {name} is {value!r}, not "
+                             f"{' or '.join(t.__name__ for t in types)}")
+        if name in ("tokens_per_s", "min_cosine") and not math.isfinite(value):
+            raise ValueError(f"table row {index}: {name} is {value!r}")
+    if row["tokens_per_s"] < 0:
+        raise ValueError(f"table row {index}: tokens_per_s is negative")
+    return CandidateRow(row["runtime"], row["dtype"], float(row["tokens_per_s"]),
+                        float(row["min_cosine"]), row["agrees"], row["chosen"],
+                        row.get("note", ""))
 
 
 def writable(folder: Path) -> None:
