@@ -205,7 +205,9 @@ def calibrate(job_file: str, overrides: tuple[str, ...], as_json: bool) -> None:
     from .spec import load_job
 
     ctx = RunContext.of(load_job(job_file, overrides))
-    choice = decide_runtime(ctx, force=True)
+    quiet = _quiet()
+    choice = decide_runtime(ctx, force=True,
+                            say=lambda text: None if quiet else click.echo(text, err=True))
     if choice is None:
         raise JobError("model.device: the job runs on a GPU here; calibration chooses "
                        "between CPU runtimes")

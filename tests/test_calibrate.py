@@ -278,6 +278,38 @@ def test_a_wrong_typed_cache_never_reaches_the_store(tiny_bert: Path, tmp_path: 
     assert "runtime    openvino float32 (measured by calibration)" in shown.stdout
 
 
+def test_a_calibration_says_what_it_does_and_how_long_it_will_take(
+        tiny_bert: Path, tmp_path: Path, cache: Path, machine: dict[str, Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first run spent ~47 s silent between "no store yet" and "plan" measuring."""
+    said: list[str] = []
+    job = auto_job(tiny_bert, tmp_path)
+    decide(job, WEIGHTS, lambda: TEXTS, load=Loader({}), say=said.append)
+    assert len(said) == 3, said
+    assert said[0] == ("calibrating model.runtime/dtype auto: timing 3 candidates (torch "
+                       "float32, openvino float32, torch bfloat16) on the job's own texts, "
+                       f"once for this machine, model and views (cached in {cache})")
+    assert said[1].startswith("calibration: 3 candidates loaded and warmed up; timing them "
+                              f"{calibrate.REPEATS} times, about ")
+    assert said[1].endswith(" s more")
+    assert said[2].startswith("calibrated in ") and ": model.runtime " in said[2]
+    said.clear()
+    decide(job, WEIGHTS, lambda: TEXTS, load=Loader({}), say=said.append)
+    assert said == []  # read from the cache: nothing to wait for, nothing said
+    # a run says it where the operator reads its progress, before the plan
+    monkeypatch.setattr(calibrate, "load_candidate", Loader({}))
+    raw = job_dict(REVIEWS, tiny_bert, tmp_path / "o.zarr", execution={"partition_rows": 600})
+    raw["model"].update(runtime="auto", dtype="auto")
+    for entry in cache.glob("*.json"):
+        entry.unlink()
+    result = CliRunner().invoke(main, ["extract", str(write_job(tmp_path / "job.yaml", raw))])
+    assert result.exit_code == 0, result.output
+    lines = [line.split(" ", 1)[-1] for line in result.stderr.splitlines()]
+    at = [i for i, line in enumerate(lines) if line.startswith(("calibrat", "plan: "))]
+    assert [lines[i].split(" ", 1)[0] for i in at] == ["calibrating", "calibration:",
+                                                       "calibrated", "plan:"], lines
+
+
 def test_an_explicit_runtime_and_dtype_are_never_measured(tiny_bert: Path, tmp_path: Path,
                                                          cache: Path) -> None:
     job = Job.from_dict(job_dict(REVIEWS, tiny_bert, tmp_path / "o.zarr"))  # torch float32

@@ -133,10 +133,12 @@ def calibration_dir() -> Path:
 
 def decide(job: Job, weights_sha256: dict[str, str], texts: Callable[[], list[str | None]],
            force: bool = False, load: Loader | None = None,
-           key: dict[str, Any] | None = None) -> RuntimeChoice | None:
+           key: dict[str, Any] | None = None,
+           say: Callable[[str], None] = log.info) -> RuntimeChoice | None:
     """The runtime and dtype for `job` on this machine: the job's own when it fixes both,
     else the cached decision for this key, else measured (`force`: measured whatever the
-    cache holds, and cached). `texts()` gives the job's texts to measure on. None on a GPU."""
+    cache holds, and cached). `texts()` gives the job's texts to measure on; `say` tells
+    the operator what a measurement does and how long it will take. None on a GPU."""
     config = load_config(job.model)
     offered = candidates(job, config)
     if not offered:
@@ -150,7 +152,10 @@ def decide(job: Job, weights_sha256: dict[str, str], texts: Callable[[], list[st
         if cached is not None:
             return cached
     writable(path.parent)  # before measuring: a cache that cannot be kept fails first
-    choice = measure(job, offered, texts(), load or load_candidate)
+    say(f"calibrating model.runtime/dtype auto: timing {len(offered)} candidates "
+        f"({', '.join(' '.join(c) for c in offered)}) on the job's own texts, once for this "
+        f"machine, model and views (cached in {path.parent})")
+    choice = measure(job, offered, texts(), load or load_candidate, say)
     write_cached(path, key, choice)
     return choice
 
@@ -203,7 +208,7 @@ def checked_row(row: Any, index: int) -> CandidateRow:
     if not isinstance(row, dict):
         raise ValueError(f"table row {index} is not an object")
     for name, types in ROW_TYPES.items():
-        value = row.get(name, "" if name == "note" else None)
+        value: Any = row.get(name, "" if name == "note" else None)
         # bool is an int in Python: a speed of true is no speed
         if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
             raise ValueError(f"table row {index}: {name} is {value!r}, not "
@@ -253,7 +258,7 @@ def load_candidate(job: Job, runtime: str, dtype: str) -> Extractor:
 
 
 def measure(job: Job, offered: Sequence[tuple[str, str]], texts: Sequence[str | None],
-            load: Loader) -> RuntimeChoice:
+            load: Loader, say: Callable[[str], None] = log.info) -> RuntimeChoice:
     """Time every candidate on the same chunks and check it against torch float32.
 
     All candidates are loaded, then timed in turns (REPEATS rounds, each candidate once per
@@ -276,7 +281,7 @@ def measure(job: Job, offered: Sequence[tuple[str, str]], texts: Sequence[str | 
             errors[(runtime, dtype)] = f"runs {extractor.runtime.dtype} on this CPU"
             continue
         loaded[(runtime, dtype)] = extractor
-    results = timed_in_turns(loaded, job, warm, timed)
+    results = timed_in_turns(loaded, job, warm, timed, say)
     table = [row_of(results[REFERENCE], results[c]) if c in results else
              CandidateRow(c[0], c[1], 0.0, 0.0, False, False, errors.get(c, ""))
              for c in offered]
@@ -286,8 +291,8 @@ def measure(job: Job, offered: Sequence[tuple[str, str]], texts: Sequence[str | 
                          f"(cosine >= {MIN_COSINE}); set model.runtime and model.dtype")
     best = max(agreeing, key=lambda r: r.tokens_per_s)
     table = [replace(r, chosen=r is best) for r in table]
-    log.info("calibrated in %.1f s: %s %s", time.perf_counter() - start, best.runtime,
-             best.dtype)
+    say(f"calibrated in {time.perf_counter() - start:.1f} s: model.runtime {best.runtime}, "
+        f"model.dtype {best.dtype} ({best.tokens_per_s:,.0f} tokens/s)")
     return RuntimeChoice(best.runtime, best.dtype, "calibration", tuple(table))
 
 
@@ -316,12 +321,19 @@ def sample(extractor: Extractor, job: Job, texts: Sequence[str | None]
 
 
 def timed_in_turns(loaded: dict[tuple[str, str], Extractor], job: Job,
-                   warm: list[list[int]], timed: list[list[int]]
+                   warm: list[list[int]], timed: list[list[int]],
+                   say: Callable[[str], None] = log.info
                    ) -> dict[tuple[str, str], Measured]:
     """Each candidate warmed once (kernels chosen, caches filled: not timed), then timed
-    REPEATS times in turns; its fastest pass and its vectors."""
+    REPEATS times in turns; its fastest pass and its vectors. How long the timing will take
+    is said once the warm-up pass (a known share of the tokens) has taken its time."""
+    start = time.perf_counter()
     for extractor in loaded.values():
         extractor.encoder.encode(warm, job.batching)
+    warmed = time.perf_counter() - start
+    share = sum(len(s) for s in timed) / max(sum(len(s) for s in warm), 1)
+    say(f"calibration: {len(loaded)} candidates loaded and warmed up; timing them "
+        f"{REPEATS} times, about {warmed * share * REPEATS:.0f} s more")
     best = {c: float("inf") for c in loaded}
     vectors: dict[tuple[str, str], dict[str, np.ndarray]] = {}
     for _ in range(REPEATS):
