@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -208,12 +208,13 @@ def checked_row(row: Any, index: int) -> CandidateRow:
     if not isinstance(row, dict):
         raise ValueError(f"table row {index} is not an object")
     for name, types in ROW_TYPES.items():
-        value: Any = row.get(name, "" if name == "note" else None)
+        value = row.get(name, "" if name == "note" else None)
         # bool is an int in Python: a speed of true is no speed
         if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
             raise ValueError(f"table row {index}: {name} is {value!r}, not "
                              f"{' or '.join(t.__name__ for t in types)}")
-        if name in ("tokens_per_s", "min_cosine") and not math.isfinite(value):
+        # a number here (checked above): NaN and infinity are numbers no measurement gives
+        if name in ("tokens_per_s", "min_cosine") and not math.isfinite(cast(float, value)):
             raise ValueError(f"table row {index}: {name} is {value!r}")
     if row["tokens_per_s"] < 0:
         raise ValueError(f"table row {index}: tokens_per_s is negative")
