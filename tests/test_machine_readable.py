@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jsonschema
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 import pipeline
@@ -139,3 +140,24 @@ def test_inspect_names_software_versions_and_store_versions_apart(
     text = CliRunner().invoke(main, ["inspect", str(tmp_path / "o.zarr")]).stdout
     assert f"software   bertpipe {pipeline.__version__}, torch {md.version('torch')}" in text
     assert "\nversions   " not in text
+
+
+@pytest.mark.no_store_schema  # the provenance below is what an older bertpipe could record
+def test_inspect_shows_a_recorded_calibration_of_wrong_types(tmp_path: Path, tiny_bert: Path,
+                                                            small_texts: Path) -> None:
+    """A store that recorded a calibration cache's wrong types (before such a cache was
+    measured again) still inspects: the values shown as recorded, not a traceback."""
+    from pipeline.stores import detect_format
+
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr")
+    assert CliRunner().invoke(main, ["extract", str(write_job(tmp_path / "j.yaml", job))]
+                              ).exit_code == 0
+    fmt = detect_format(str(tmp_path / "o.zarr"))
+    raw = fmt.record()
+    raw["runtime_choice"] = {"runtime": "torch", "dtype": "float32", "by": "cache", "table": [
+        {"runtime": "torch", "dtype": "float32", "tokens_per_s": "fast", "min_cosine": None,
+         "agrees": True, "chosen": True, "note": ""}]}
+    fmt.write_record(raw)
+    result = CliRunner().invoke(main, ["inspect", str(tmp_path / "o.zarr")])
+    assert result.exit_code == 0, result.output
+    assert "torch float32      'fast' tokens/s  min cosine None  chosen" in result.stdout

@@ -60,9 +60,19 @@ def _choice_lines(choice: RuntimeChoice | None) -> list[str]:
     lines = [f"runtime    {choice.runtime} {choice.dtype} ({by})"]
     for row in choice.table:
         verdict = "chosen" if row.chosen else "agrees" if row.agrees else f"out: {row.note}"
-        lines.append(f"           {row.runtime + ' ' + row.dtype:<18} {row.tokens_per_s:>9,.0f} "
-                     f"tokens/s  min cosine {row.min_cosine:.6f}  {verdict}")
+        lines.append(f"           {f'{row.runtime} {row.dtype}':<18} "
+                     f"{_number(row.tokens_per_s, '>9,.0f')} tokens/s  min cosine "
+                     f"{_number(row.min_cosine, '.6f')}  {verdict}")
     return lines
+
+
+def _number(value: object, spec: str) -> str:
+    """A recorded number as `spec` formats it; anything else as it was recorded (a store
+    written from a calibration cache of the wrong types, before those were measured
+    again, still shows: the store is read as it is)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return format(value, spec)
+    return repr(value)
 
 
 def _superseded_share(store: Store) -> str:
