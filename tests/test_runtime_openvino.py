@@ -461,6 +461,24 @@ def test_openvino_compiles_into_a_private_folder_and_publishes_whole_blobs(
     assert {p.name: p.read_bytes() for p in shared.iterdir()} == blobs
 
 
+def test_what_a_killed_compile_left_is_removed_once_a_day_old(tiny_bert: Path, cache: Path
+                                                              ) -> None:
+    """A process killed while compiling leaves its private folder (a blob in it): removed
+    by a later compile once it is a day old; a younger one may be another process's."""
+    import os
+
+    extractor(tiny_bert, {"m": {"pooling": "mean"}}, "openvino")
+    [entry] = entries(cache)
+    old, young = entry / ".compiling-1-dead", entry / ".compiling-2-busy"
+    for folder in (old, young):
+        folder.mkdir()
+        (folder / "1234.blob").write_bytes(b"half")
+    day_ago = time.time() - rov.STALE_S - 60
+    os.utime(old, (day_ago, day_ago))
+    extractor(tiny_bert, {"m": {"pooling": "mean"}}, "openvino")
+    assert not old.exists() and (young / "1234.blob").read_bytes() == b"half"
+
+
 def test_two_processes_on_a_fresh_cache_both_succeed(tiny_bert: Path, tmp_path: Path,
                                                      cache: Path) -> None:
     import os

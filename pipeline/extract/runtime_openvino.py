@@ -304,6 +304,7 @@ def discard(entry: Path, why: str) -> None:
     and remove it, saying so in one line."""
     log.warning("openvino: the cached export %s is damaged (%s); exporting it again",
                 entry, why)
+    remove_stale(entry.parent, ".damaged-")
     aside = entry.with_name(f".damaged-{entry.name}-{uuid.uuid4().hex[:8]}")
     try:
         os.rename(entry, aside)
@@ -329,6 +330,21 @@ def intact_entry(key: dict[str, Any]) -> Path | None:
     return entry
 
 
+# A private compile folder or a set-aside entry this old was left by a process that died
+# (a compile takes seconds); younger ones may be another process's at work (any host).
+STALE_S = 24 * 3600
+
+
+def remove_stale(folder: Path, prefix: str) -> None:
+    """Remove what dead processes left in `folder` under `prefix` (a day old or more)."""
+    for left in folder.glob(prefix + "*"):
+        try:
+            if time.time() - left.stat().st_mtime >= STALE_S:
+                shutil.rmtree(left, ignore_errors=True)
+        except OSError:
+            continue  # removed by another process meanwhile
+
+
 @contextlib.contextmanager
 def private_cache(shared: Path) -> Iterator[Path]:
     """A CACHE_DIR for one compile: a fresh folder beside `shared` holding links to the
@@ -340,6 +356,7 @@ def private_cache(shared: Path) -> Iterator[Path]:
     fails ("cannot set permissions"). A rename within one folder is atomic, and two
     processes renaming the same blob both succeed: the second replaces the first."""
     shared.mkdir(exist_ok=True)
+    remove_stale(shared.parent, ".compiling-")
     mine = Path(tempfile.mkdtemp(prefix=f".compiling-{os.getpid()}-", dir=shared.parent))
     try:
         linked = {}
