@@ -154,14 +154,15 @@ def _id_hint(ids: np.ndarray, wanted: object) -> str:
 
 def open_store(path: str | Path, require_complete: bool = True,
                storage_options: dict[str, Any] | None = None,
-               version: int | None = None, dask: bool = True) -> Store:
+               version: int | str | None = None, dask: bool = True) -> Store:
     """Open a complete bertpipe store (Zarr, Parquet, Icechunk or Delta) lazily, from a
     local folder or an fsspec URL (`s3://bucket/out/reviews.zarr`: credentials from the
     environment, or `storage_options`, e.g. {"endpoint_url": ..., "key":
     "${AWS_ACCESS_KEY_ID}"}). `version`: an earlier version an Icechunk or Delta store keeps
-    (`bertpipe inspect` lists them); the current one when not given. Arrays are dask
-    arrays; `dask=False` reads a Zarr or Icechunk store's arrays with xarray's own lazy
-    indexing instead (no dask import: quicker for a script that reads a few columns once)."""
+    (`bertpipe inspect` lists them; `"1"` reads as 1); the current one when not given.
+    Arrays are dask arrays; `dask=False` reads a Zarr or Icechunk store's arrays with
+    xarray's own lazy indexing instead (no dask import: quicker for a script that reads a
+    few columns once)."""
     data = open_store_data(path, require_complete, storage_options, version, dask)
     return Store(data.path, data.fmt, data.provenance, data.docs, data.chunks,
                  data.token_dataset)

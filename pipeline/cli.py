@@ -255,7 +255,9 @@ def calibrate(job_file: str, overrides: tuple[str, ...], as_json: bool) -> None:
     from .spec import load_job
 
     ctx = RunContext.of(load_job(job_file, overrides))
-    choice = decide_runtime(ctx, force=True)
+    quiet = _quiet()
+    choice = decide_runtime(ctx, force=True,
+                            say=lambda text: None if quiet else click.echo(text, err=True))
     if choice is None:
         raise JobError("model.device: the job runs on a GPU here; calibration chooses "
                        "between CPU runtimes")
@@ -496,17 +498,20 @@ def verify(store_path: str) -> None:
 
 @main.command()
 @click.argument("store_path", type=click.Path())
-@click.option("--keep", default=1, show_default=True, type=click.IntRange(min=1),
-              help="Versions to keep readable, the current one included.")
+@click.option("--keep", default=None, type=click.IntRange(min=1), metavar="N",
+              help="Versions to keep readable, the newest N (the current one included); "
+              "the others are deleted for good. Required when the store keeps more than one "
+              "version: there is no default, so a forgotten flag drops no history.")
 @_user_errors
-def gc(store_path: str, keep: int) -> None:
+def gc(store_path: str, keep: int | None) -> None:
     """Reclaim the space of store versions no longer kept.
 
     An Icechunk or Delta store keeps every version readable until this expires it
-    (`inspect` lists them); what no kept version uses is deleted (Delta: its vacuum). A
-    Zarr or Parquet store keeps its
-    current version only: what is left of a retired one is removed. Takes the store's
-    lock (refused while a run writes it).
+    (`inspect` lists them); what no kept version uses is deleted (Delta: its vacuum). Such
+    a store with several versions needs --keep N: without it gc refuses and changes
+    nothing. A Zarr or Parquet store keeps its current version only: what is left of a
+    retired one is removed (no --keep needed). Takes the store's lock (refused while a run
+    writes it).
 
     \b
     Examples:

@@ -514,6 +514,19 @@ ROWS = [
     Row("search empty query", _cli("search", ZARR, ""), 2, "QUERY': the query is empty"),
     Row("search blank query", _cli("search", PARQUET, "  ", " "), 2, "the query is empty"),
     Row("search without a query", _cli("search", ZARR), 2, "Missing argument 'QUERY...'"),
+    # a store version: a number (its digits as a string read as it), or refused naming it
+    Row("api: open_store version not a number", _api(lambda w: pipeline.open_store(
+        w.stores["zarr"], version="latest")), 2, "version='latest' is not a store version: "
+        "give a whole number 0, 1, ..."),
+    Row("api: open_store version negative", _api(lambda w: pipeline.open_store(
+        w.stores["zarr"], version=-1)), 2, "version=-1 is not a store version"),
+    Row("api: open_store version True", _api(lambda w: pipeline.open_store(
+        w.stores["parquet"], version=True)), 2, "version=True is not a store version"),
+    Row("api: open_store version 1.0", _api(lambda w: pipeline.open_store(
+        w.stores["zarr"], version=1.0)), 2, "version=1.0 is not a store version"),
+    Row("api: open_store version '1' of a store that keeps version 0 only", _api(
+        lambda w: pipeline.open_store(w.stores["zarr"], version="1")), 5,
+        "no version 1: a zarr store keeps its current version (0) only"),
     Row("api: search k=0", _api(lambda w: pipeline.open_store(w.stores["zarr"]).search(
         "good", k=0)), 2, "-k: 0 hits asked for"),
     Row("api: search of an empty text", _api(lambda w: pipeline.open_store(
@@ -812,6 +825,20 @@ def test_validate_dry_run_and_extract_agree(row: Row, tmp_path: Path, tiny_bert:
     assert_agree(outcomes, row.code, row.fragment, row.output_may_exist)
 
 
+def test_a_store_version_given_as_its_digits_opens_that_version(stores: dict[str, Path]
+                                                                 ) -> None:
+    """A version read from a command line or a config file is a string: "0" is version 0
+    (it was refused as "no version 0 ... keeps its current version (0) only")."""
+    import numpy as np
+
+    for fmt in ("zarr", "parquet"):
+        current = pipeline.open_store(stores[fmt])
+        for version in ("0", " 0", np.int64(0)):
+            opened = pipeline.open_store(stores[fmt], version=version)
+            assert opened.provenance.version == 0
+            np.testing.assert_array_equal(opened.vectors("mean"), current.vectors("mean"))
+
+
 def test_table_covers_every_finding() -> None:
     """The findings of the integrity review that this table answers, each with a row."""
     findings = ["view named status", "view named n_chunks", "view named doc",
@@ -842,12 +869,21 @@ def test_dry_run_prints_the_plan_and_creates_nothing(tmp_path: Path, tiny_bert: 
     out = result.stdout
     assert "bert, 2 layers, hidden 32, 64 positions" in out
     assert "views      mean (32), cls (32)" in out
-    assert f"{w.src}  12 rows" in out
+    assert f"{w.src}  12 rows" in out and "input      1 file, 12 rows" in out
     assert "partitions 3 of at most 4 rows" in out
     assert "does not exist yet" in out and "nothing was created or written" in out
+    # an incremental run onto no store runs in full: the plan says so
+    incremental = CliRunner().invoke(main, ["extract", job, "--dry-run", "--incremental",
+                                            "--set", "output.format=parquet"])
+    assert incremental.exit_code == 0, incremental.output
+    assert "mode       full: no store yet, so every row is encoded" in incremental.stdout
+    assert "mode       incremental" not in incremental.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     validate = CliRunner().invoke(main, ["validate", job])
     assert validate.exit_code == 0 and "input 1 file, 12 rows, 3 partitions" in validate.stdout
+    one = CliRunner().invoke(main, ["validate", job, "--set", "execution.partition_rows=64"])
+    assert one.exit_code == 0 and "input 1 file, 12 rows, 1 partition" in one.stdout
+    assert "1 partitions" not in one.stdout
 
 
 def test_usage_errors_are_one_line_and_help_still_shows() -> None:

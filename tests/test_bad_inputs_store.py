@@ -355,6 +355,31 @@ def gc_while_a_run_writes(w: World) -> list[Any]:
     return ["gc", w.tmp / "o.icechunk"]
 
 
+def gc_delta_while_a_run_writes(w: World) -> list[Any]:
+    """gc has no output.path: its refusal names the store and the way on for gc."""
+    assert run("extract", w.job(w.tmp / "o.delta", output={"format": "delta"})).exit_code == 0
+    _fake_lock(w.tmp / "o.delta", pid=os.getpid())
+    return ["gc", w.tmp / "o.delta", "--keep", "1"]
+
+
+def _two_versions(w: World, fmt: str) -> Path:
+    """A store of `fmt` updated once: versions 1 and 0 kept."""
+    job = w.job(w.tmp / f"o.{fmt}", output={"format": fmt})
+    assert run("extract", job).exit_code == 0
+    w.write_input([*TEXTS, "one more"])
+    assert run("extract", job, "--incremental").exit_code == 0
+    return w.tmp / f"o.{fmt}"
+
+
+def gc_icechunk_history_without_keep(w: World) -> list[Any]:
+    """Forgetting --keep drops no history: refused, naming the versions kept."""
+    return ["gc", _two_versions(w, "icechunk")]
+
+
+def gc_delta_history_without_keep(w: World) -> list[Any]:
+    return ["gc", _two_versions(w, "delta")]
+
+
 def gc_a_folder_that_is_no_store(w: World) -> list[Any]:
     return ["gc", w.user_folder()]
 
@@ -503,6 +528,12 @@ TABLE = [
         "thesis.tex); nothing to unlock"),
     Row(unlock_a_file, 5, "texts.parquet: not a bertpipe store; nothing to unlock"),
     Row(gc_while_a_run_writes, 5, "o.icechunk is being written by another run (host"),
+    Row(gc_delta_while_a_run_writes, 5, "o.delta is being written by another run (host"),
+    Row(gc_delta_while_a_run_writes, 5, "; wait for it to finish, then run gc again"),
+    Row(gc_icechunk_history_without_keep, 2, "--keep: "),
+    Row(gc_icechunk_history_without_keep, 2, "o.icechunk keeps versions 0, 1; say how many "
+        "to keep (gc --keep N keeps the newest N and deletes the others for good"),
+    Row(gc_delta_history_without_keep, 2, "o.delta keeps versions 0, 1; say how many to keep"),
     Row(gc_a_folder_that_is_no_store, 5, "thesis: not a bertpipe store (it holds figures/, "
         "thesis.tex); nothing to collect"),
     Row(gc_a_missing_path, 5, "none.icechunk: no such store"),
@@ -561,6 +592,16 @@ def test_validate_dry_run_and_extract_agree(row: Row, tmp_path: Path, tiny_bert:
     before = snapshot(tmp_path)
     assert_agree(run_all(args), row.code, row.fragment, fails_while_running=False)
     assert snapshot(tmp_path) == before
+
+
+def test_a_refused_gc_speaks_of_gc_not_of_a_job(tmp_path: Path, tiny_bert: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    w.write_input()
+    args = gc_delta_while_a_run_writes(w)
+    line = one_line_error(run(*args))
+    assert line.startswith(f"error: {tmp_path / 'o.delta'} is being written by another run")
+    assert "output.path" not in line  # gc has none
 
 
 def _fake_lock(store: Path, pid: int, host: str | None = None, age_s: float = 0,

@@ -199,6 +199,117 @@ def test_a_damaged_cache_is_measured_again(tiny_bert: Path, tmp_path: Path, cach
     assert decide(job, WEIGHTS, lambda: TEXTS, load=Loader({})).by == "cache"
 
 
+def _edited(text: str, edit: Any) -> str:
+    raw = json.loads(text)
+    edit(raw["choice"])
+    return json.dumps(raw)
+
+
+def _row(choice: dict[str, Any], **fields: Any) -> None:
+    choice["table"][1].update(fields)
+
+
+# (what is wrong, the edit, the words the warning says it with)
+WRONG_TYPES = [
+    ("speed a string", lambda c: _row(c, tokens_per_s="fast"), "tokens_per_s is 'fast'"),
+    ("speed a bool", lambda c: _row(c, tokens_per_s=True), "tokens_per_s is True"),
+    ("speed NaN", lambda c: _row(c, tokens_per_s=float("nan")), "tokens_per_s is nan"),
+    ("speed negative", lambda c: _row(c, tokens_per_s=-3.0), "tokens_per_s is negative"),
+    ("cosine null", lambda c: _row(c, min_cosine=None), "min_cosine is None"),
+    ("agrees a string", lambda c: _row(c, agrees="yes"), "agrees is 'yes', not bool"),
+    ("chosen a number", lambda c: _row(c, chosen=1), "chosen is 1, not bool"),
+    ("runtime a number", lambda c: _row(c, runtime=5), "runtime is 5, not str"),
+    ("note a list", lambda c: _row(c, note=["x"]), "note is ['x'], not str"),
+    ("a row missing", lambda c: c["table"].pop(), "not of the candidates offered"),
+    ("a row not an object", lambda c: c["table"].__setitem__(0, "torch"), "row 0 is not"),
+    ("table not a list", lambda c: c.update(table={"a": 1}), "no choice with a table"),
+    ("two rows chosen", lambda c: [r.update(chosen=True) for r in c["table"]],
+     "does not mark the choice as the one chosen row"),
+]
+
+
+@pytest.mark.parametrize("edit,said", [w[1:] for w in WRONG_TYPES],
+                         ids=[w[0] for w in WRONG_TYPES])
+def test_a_cached_choice_of_wrong_types_is_measured_again(
+        edit: Any, said: str, tiny_bert: Path, tmp_path: Path, cache: Path,
+        machine: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    """A record that parses but holds the wrong types was accepted, recorded in the store,
+    and broke `inspect` there."""
+    job = auto_job(tiny_bert, tmp_path)
+    assert decide(job, WEIGHTS, lambda: TEXTS, load=Loader({})).by == "calibration"
+    (entry,) = cache.glob("*.json")
+    entry.write_text(_edited(entry.read_text(), edit))
+    with caplog.at_level(logging.WARNING, logger="pipeline.extract.calibrate"):
+        load = Loader({})
+        choice = decide(job, WEIGHTS, lambda: TEXTS, load=load)
+    assert choice is not None and choice.by == "calibration" and len(load.loads) == 3
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and said in warned[0], warned
+    assert warned[0].startswith(f"calibration cache {entry} is damaged (")
+    assert warned[0].endswith("); measuring again")
+    for row in choice.table:  # what the store records: every field of its type
+        assert type(row.tokens_per_s) is float and type(row.min_cosine) is float
+        assert type(row.agrees) is bool and type(row.chosen) is bool
+    assert decide(job, WEIGHTS, lambda: TEXTS, load=Loader({})).by == "cache"  # rewritten
+
+
+def test_a_wrong_typed_cache_never_reaches_the_store(tiny_bert: Path, tmp_path: Path,
+                                                     cache: Path, machine: dict[str, Any],
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """The operator's sequence: a run, a damaged cache, a run, `inspect`."""
+    loader = Loader({("torch", "bfloat16"): 0.5})  # out: openvino float32 (a copy) wins
+    monkeypatch.setattr(calibrate, "load_candidate", loader)
+    raw = job_dict(REVIEWS, tiny_bert, tmp_path / "o.zarr", execution={"partition_rows": 600})
+    raw["model"].update(runtime="auto", dtype="auto")
+    job_file = write_job(tmp_path / "job.yaml", raw)
+    assert CliRunner().invoke(main, ["-q", "extract", str(job_file)]).exit_code == 0
+    (entry,) = cache.glob("*.json")
+    entry.write_text(_edited(entry.read_text(),
+                             lambda c: [r.update(tokens_per_s="fast") for r in c["table"]]))
+    with caplog.at_level(logging.WARNING, logger="pipeline.extract.calibrate"):
+        again = CliRunner().invoke(main, ["-q", "extract", str(job_file), "--overwrite"])
+    assert again.exit_code == 0, again.output
+    assert "is damaged (table row 0: tokens_per_s is 'fast'" in caplog.text
+    choice = pipeline.open_store(tmp_path / "o.zarr").provenance.runtime_choice
+    assert choice is not None and choice.by == "calibration"
+    shown = CliRunner().invoke(main, ["inspect", str(tmp_path / "o.zarr")])
+    assert shown.exit_code == 0, shown.output
+    assert "runtime    openvino float32 (measured by calibration)" in shown.stdout
+
+
+def test_a_calibration_says_what_it_does_and_how_long_it_will_take(
+        tiny_bert: Path, tmp_path: Path, cache: Path, machine: dict[str, Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first run spent ~47 s silent between "no store yet" and "plan" measuring."""
+    said: list[str] = []
+    job = auto_job(tiny_bert, tmp_path)
+    decide(job, WEIGHTS, lambda: TEXTS, load=Loader({}), say=said.append)
+    assert len(said) == 3, said
+    assert said[0] == ("calibrating model.runtime/dtype auto: timing 3 candidates (torch "
+                       "float32, openvino float32, torch bfloat16) on the job's own texts, "
+                       f"once for this machine, model and views (cached in {cache})")
+    assert said[1].startswith("calibration: 3 candidates loaded and warmed up; timing them "
+                              f"{calibrate.REPEATS} times, about ")
+    assert said[1].endswith(" s more")
+    assert said[2].startswith("calibrated in ") and ": model.runtime " in said[2]
+    said.clear()
+    decide(job, WEIGHTS, lambda: TEXTS, load=Loader({}), say=said.append)
+    assert said == []  # read from the cache: nothing to wait for, nothing said
+    # a run says it where the operator reads its progress, before the plan
+    monkeypatch.setattr(calibrate, "load_candidate", Loader({}))
+    raw = job_dict(REVIEWS, tiny_bert, tmp_path / "o.zarr", execution={"partition_rows": 600})
+    raw["model"].update(runtime="auto", dtype="auto")
+    for entry in cache.glob("*.json"):
+        entry.unlink()
+    result = CliRunner().invoke(main, ["extract", str(write_job(tmp_path / "job.yaml", raw))])
+    assert result.exit_code == 0, result.output
+    lines = [line.split(" ", 1)[-1] for line in result.stderr.splitlines()]
+    at = [i for i, line in enumerate(lines) if line.startswith(("calibrat", "plan: "))]
+    assert [lines[i].split(" ", 1)[0] for i in at] == ["calibrating", "calibration:",
+                                                       "calibrated", "plan:"], lines
+
+
 def test_an_explicit_runtime_and_dtype_are_never_measured(tiny_bert: Path, tmp_path: Path,
                                                          cache: Path) -> None:
     job = Job.from_dict(job_dict(REVIEWS, tiny_bert, tmp_path / "o.zarr"))  # torch float32

@@ -347,6 +347,8 @@ def test_time_travel_and_gc(tmp_path: Path, tiny_bert: Path) -> None:
         pipeline.open_store(job.output.path, version=1)
     np.testing.assert_array_equal(pipeline.open_store(job.output.path, version=2)
                                   .vectors("mean"), seen[2])
+    np.testing.assert_array_equal(pipeline.open_store(job.output.path, version="2")
+                                  .vectors("mean"), seen[2])  # as a command line gives it
     assert verify_store(job.output.path) == []
     again = CliRunner().invoke(main, ["gc", job.output.path, "--keep", "2"])
     assert "nothing to expire" in again.stdout

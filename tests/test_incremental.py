@@ -87,6 +87,15 @@ def _updated() -> pa.Table:
                              _reviews().slice(BASE_ROWS, NEW_ROWS)])
 
 
+def _relabelled(before: pa.Table, after: pa.Table) -> int:
+    """Ids in both tables whose label differs (the oracle of `carried_changed`)."""
+    old = dict(zip(before.column("id").to_pylist(), before.column("label").to_pylist(),
+                   strict=True))
+    return sum(1 for i, label in zip(after.column("id").to_pylist(),
+                                     after.column("label").to_pylist(), strict=True)
+               if i in old and old[i] != label)
+
+
 def _job(model_dir: Path, source: Path, out: Path, fmt: str, **sections: Any) -> Job:
     sections = {"input": {"carry_columns": ["label"]},
                 "output": {"path": str(out), "format": fmt},
@@ -224,6 +233,10 @@ def test_update_encodes_only_new_and_changed_rows(fmt: str, tmp_path: Path,
         (NEW_ROWS, EDITED, DELETED, 0)
     assert summary.unchanged == BASE_ROWS - EDITED - DELETED
     assert "encoded 170 rows" in summary.line() and "replaced 20" in summary.line()
+    relabelled = _relabelled(_base(), _updated())  # carried values of known ids that changed
+    assert relabelled == len(RELABELLED_AT)
+    assert summary.carried_changed == relabelled
+    assert f"carried values changed in {relabelled} rows" in summary.line()
     store = pipeline.open_store(job.output.path)
     appended = _appended(fmt)
     rows = BASE_ROWS + NEW_ROWS + appended
@@ -233,6 +246,7 @@ def test_update_encodes_only_new_and_changed_rows(fmt: str, tmp_path: Path,
             history[1].rows) == (170, 150, 20, 10, rows)
     # every row of the new version accounted for: unchanged, replaced, added, gone, superseded
     assert (history[1].superseded, summary.superseded) == (appended, appended)
+    assert history[1].carried_changed == relabelled and history[0].carried_changed == 0
     assert summary.unchanged + summary.replaced + summary.added + summary.gone + \
         summary.superseded == summary.rows == rows
     assert summary.to_dict()["rows_by_outcome"]["superseded"] == appended
@@ -784,6 +798,48 @@ def test_command_line_update_and_inspect(tmp_path: Path, tiny_bert: Path) -> Non
     assert "mode       incremental" in plan.stdout
 
 
+@pytest.mark.parametrize("fmt", EACH_FORMAT)
+def test_a_night_that_only_relabels_says_how_many_carried_values_changed(
+        fmt: str, tmp_path: Path, base_stores: dict[str, Job]) -> None:
+    """21 labels changed, no text: nothing encoded, added or replaced, and the summary line,
+    the JSON summary, the history and inspect say what did change."""
+    base = base_stores[fmt]
+    shutil.copytree(base.output.path, tmp_path / f"store.{fmt}")
+    labels = _base().column("label").to_pylist()
+    for i in range(0, 21 * 19, 19):  # 21 rows, every 19th
+        labels[i] = "negative" if labels[i] != "negative" else "positive"
+    relabelled = _base().set_column(2, "label", pa.array(labels, pa.string()))
+    source = tmp_path / "reviews.parquet"
+    pq.write_table(relabelled, source)
+    job = _job(Path(base.model.path), source, tmp_path / f"store.{fmt}", fmt)
+    job_file = write_job(tmp_path / "job.yaml", job.to_dict())
+    summary_file = tmp_path / "run.json"
+    result = CliRunner().invoke(main, ["extract", str(job_file), "--incremental",
+                                       "--json-summary", str(summary_file)])
+    assert result.exit_code == 0, result.output
+    changed = _relabelled(_base(), relabelled)
+    assert changed == 21
+    line = result.stdout.splitlines()[0]
+    assert "encoded 0 rows" in line and "replaced 0, added 0" in line
+    assert "carried values changed in 21 rows" in line
+    doc = json.loads(summary_file.read_text())
+    jsonschema.validate(doc, json.loads((REPO / "schemas" / "run-summary.schema.json")
+                                        .read_text()))
+    assert doc["rows_by_outcome"]["carried_changed"] == 21
+    store = pipeline.open_store(job.output.path)
+    assert store.provenance.history[-1].carried_changed == 21
+    by_id = dict(zip(np.asarray(store.docs["id"].values).tolist(),
+                     np.asarray(store.docs["label"].values).tolist(), strict=True))
+    assert [by_id[i] for i in relabelled.column("id").to_pylist()] == labels
+    shown = CliRunner().invoke(main, ["inspect", job.output.path])
+    history = [ln for ln in shown.stdout.splitlines() if " incremental " in ln]
+    assert len(history) == 1 and "carried values changed in 21 rows" in history[0], history
+    facts = json.loads(CliRunner().invoke(main, ["inspect", job.output.path, "--json"]).stdout)
+    jsonschema.validate(facts, json.loads((REPO / "schemas" / "inspect.schema.json")
+                                          .read_text()))
+    assert facts["history"][-1]["carried_changed"] == 21
+
+
 # --- a killed process, and the real model ---------------------------------------------------
 
 @pytest.mark.slow
@@ -1046,7 +1102,7 @@ def test_json_summary_and_inspect_json_report_the_update(tmp_path: Path,
     assert full["mode"] == "full" and full["version"] == 0
     assert full["rows_by_outcome"] == {"encoded": 30, "deduplicated": 2, "added": 32,
                                        "replaced": 0, "skipped": 0, "gone": 0, "pruned": 0,
-                                       "superseded": 0, "dropped": 0}
+                                       "superseded": 0, "dropped": 0, "carried_changed": 0}
     texts = _reviews().slice(0, 40).column("text").to_pylist()
     texts[4] = "changed"
     grown = _reviews().slice(0, 40).set_column(1, "text", pa.array(texts))
@@ -1059,7 +1115,8 @@ def test_json_summary_and_inspect_json_report_the_update(tmp_path: Path,
     assert summary["mode"] == "incremental" and summary["version"] == 1
     assert summary["rows_by_outcome"] == {"encoded": 11, "deduplicated": 0, "added": 10,
                                           "replaced": 1, "skipped": 28, "gone": 3,
-                                          "pruned": 3, "superseded": 0, "dropped": 0}
+                                          "pruned": 3, "superseded": 0, "dropped": 0,
+                                          "carried_changed": 0}  # no known id relabelled
     assert summary["rows"] == 39 and summary["partitions"]["failed"] == 0
     shown = CliRunner().invoke(main, ["inspect", str(tmp_path / "j.icechunk"), "--json"])
     assert shown.exit_code == 0, shown.output

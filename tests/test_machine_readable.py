@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jsonschema
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 import pipeline
@@ -37,10 +38,36 @@ def test_summary_counts_match_the_store(tmp_path: Path, tiny_bert: Path,
     assert code == 0 and summary["meaning"] == "ok" and summary["error"] is None
     assert summary["rows"] == store.docs.sizes["doc"] == 10
     assert summary["tokens"] == int(np.asarray(store.docs["n_tokens"].values).sum())
-    assert summary["tokens_encoded_this_run"] == summary["tokens"]
+    # tokens fed to the model: each distinct text with its [CLS] and [SEP] (no text here is
+    # long enough to be cut), counted by the tokenizer itself; the history says the same
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_bert))
+    texts = set(pipeline.open_store(tmp_path / "o.zarr").docs["text_sha256"].values)
+    fed = sum(len(tokenizer(t)["input_ids"]) for t in _texts(small_texts))
+    assert len(texts) == 10
+    assert summary["tokens_encoded_this_run"] == fed == store.provenance.history[-1].tokens
+    assert summary["tokens_encoded_this_run"] == summary["tokens"] + 2 * 10
     assert summary["chunks"] == int(np.asarray(store.docs["n_chunks"].values).sum())
     assert summary["partitions"] == {"total": 2, "skipped": 0, "run": 2, "failed": 0}
     assert summary["device"] == ["cpu"] and summary["dtype"] == ["float32"]
+
+
+def _texts(path: Path) -> list[str]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).column("text").to_pylist()
+
+
+def test_the_summary_line_and_the_history_count_the_same_tokens(
+        tmp_path: Path, tiny_bert: Path, small_texts: Path) -> None:
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr")
+    result = CliRunner().invoke(main, ["extract", str(write_job(tmp_path / "j.yaml", job))])
+    assert result.exit_code == 0, result.output
+    history = pipeline.open_store(tmp_path / "o.zarr").provenance.history[-1]
+    assert f" {history.tokens} tokens encoded in " in result.stdout
+    inspected = CliRunner().invoke(main, ["inspect", str(tmp_path / "o.zarr")])
+    assert f", {history.tokens} tokens, " in inspected.stdout
 
 
 def test_a_resume_counts_only_what_it_encoded(tmp_path: Path, tiny_bert: Path,
@@ -93,3 +120,44 @@ def test_inspect_json_matches_the_store(tmp_path: Path, tiny_bert: Path,
     assert facts["coverage"]["tokens"] == int(np.asarray(store.docs["n_tokens"].values).sum())
     assert {(g["view"], g["fix"]) for g in facts["geometry"]} >= {("mean", "raw"),
                                                                   ("cls", "whiten")}
+
+
+def test_inspect_names_software_versions_and_store_versions_apart(
+        tmp_path: Path, tiny_bert: Path, small_texts: Path) -> None:
+    import importlib.metadata as md
+
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr")
+    assert CliRunner().invoke(main, ["extract", str(write_job(tmp_path / "j.yaml", job))]
+                              ).exit_code == 0
+    facts = json.loads(CliRunner().invoke(main, ["inspect", str(tmp_path / "o.zarr"),
+                                                 "--json"]).stdout)
+    jsonschema.validate(facts, _schema("inspect.schema.json"))
+    assert facts["software_versions"]["torch"] == md.version("torch")
+    assert facts["version"] == 0 and facts["versions_kept"] == [0]
+    # the names of earlier releases, kept for the scripts that read them
+    assert facts["versions"] == facts["software_versions"]
+    assert facts["readable_versions"] == facts["versions_kept"]
+    text = CliRunner().invoke(main, ["inspect", str(tmp_path / "o.zarr")]).stdout
+    assert f"software   bertpipe {pipeline.__version__}, torch {md.version('torch')}" in text
+    assert "\nversions   " not in text
+
+
+@pytest.mark.no_store_schema  # the provenance below is what an older bertpipe could record
+def test_inspect_shows_a_recorded_calibration_of_wrong_types(tmp_path: Path, tiny_bert: Path,
+                                                            small_texts: Path) -> None:
+    """A store that recorded a calibration cache's wrong types (before such a cache was
+    measured again) still inspects: the values shown as recorded, not a traceback."""
+    from pipeline.stores import detect_format
+
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr")
+    assert CliRunner().invoke(main, ["extract", str(write_job(tmp_path / "j.yaml", job))]
+                              ).exit_code == 0
+    fmt = detect_format(str(tmp_path / "o.zarr"))
+    raw = fmt.record()
+    raw["runtime_choice"] = {"runtime": "torch", "dtype": "float32", "by": "cache", "table": [
+        {"runtime": "torch", "dtype": "float32", "tokens_per_s": "fast", "min_cosine": None,
+         "agrees": True, "chosen": True, "note": ""}]}
+    fmt.write_record(raw)
+    result = CliRunner().invoke(main, ["inspect", str(tmp_path / "o.zarr")])
+    assert result.exit_code == 0, result.output
+    assert "torch float32      'fast' tokens/s  min cosine None  chosen" in result.stdout

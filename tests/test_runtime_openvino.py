@@ -350,8 +350,9 @@ def test_concurrent_exports_leave_one_whole_entry(tmp_path: Path) -> None:
         w.join()
     assert results[0] == results[1]
     assert [p.name for p in tmp_path.iterdir()] == [results[0].name]  # temp folders gone
-    assert sorted(p.name for p in results[0].iterdir()) == ["compiled", "key.json",
-                                                            "model.bin", "model.xml"]
+    assert sorted(p.name for p in results[0].iterdir()) == ["compiled", "files.json",
+                                                            "key.json", "model.bin",
+                                                            "model.xml"]
     assert json.loads((results[0] / "key.json").read_text()) == key
 
 
@@ -366,6 +367,146 @@ def test_damaged_compiled_blob_is_recompiled(tiny_bert: Path, cache: Path,
         blob.write_bytes(blob.read_bytes()[:1000])  # a half-written blob
     got = extractor(tiny_bert, views, "openvino").encode_texts(texts[:3]).docs["m"]
     np.testing.assert_array_equal(got, want)
+    # the compile that found it damaged wrote a whole blob in its place
+    assert all(blob.stat().st_size > 1000 for blob in cache.glob("*/compiled/*.blob"))
+    assert not list(cache.glob("*/.compiling-*"))
+
+
+def _truncate_weights(entry: Path) -> None:
+    weights = entry / "model.bin"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a copy cut short (disk full, killed)
+
+
+def _junk_graph(entry: Path) -> None:
+    (entry / "model.xml").write_text("<net")
+
+
+def _junk_graph_of_the_same_size(entry: Path) -> None:
+    graph = entry / "model.xml"
+    graph.write_bytes(b"x" * graph.stat().st_size)
+
+
+def _junk_graph_in_an_older_entry(entry: Path) -> None:
+    """An entry exported before files.json: OpenVINO's own read finds the damage."""
+    (entry / "files.json").unlink(missing_ok=True)
+    _junk_graph(entry)
+    for blob in (entry / "compiled").iterdir():  # else the compiled blob would still serve
+        blob.unlink()
+
+
+def _truncated_weights_in_an_older_entry(entry: Path) -> None:
+    (entry / "files.json").unlink(missing_ok=True)
+    _truncate_weights(entry)
+    for blob in (entry / "compiled").iterdir():
+        blob.unlink()
+
+
+@pytest.mark.parametrize("damage", [_truncate_weights, _junk_graph, _junk_graph_of_the_same_size,
+                                    _junk_graph_in_an_older_entry,
+                                    _truncated_weights_in_an_older_entry],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_damaged_export_is_set_aside_with_one_warning_and_exported_again(
+        damage: Any, tiny_bert: Path, cache: Path, texts: list[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """It failed every later run with a traceback until a person cleared the cache."""
+    views = {"m": {"pooling": "mean"}, "a": {"pooling": "attention"}}
+    want = extractor(tiny_bert, views, "torch").encode_texts(texts[:3]).docs
+    extractor(tiny_bert, views, "openvino")
+    [entry] = entries(cache)
+    damage(entry)
+    before = rov.exports_made
+    with caplog.at_level(logging.WARNING, logger="pipeline.extract.runtime_openvino"):
+        got = extractor(tiny_bert, views, "openvino").encode_texts(texts[:3]).docs
+    assert_same_vectors(got, want)
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "\n" not in warned[0], warned
+    assert warned[0].startswith(f"openvino: the cached export {entry} is damaged (")
+    assert warned[0].endswith("); exporting it again")
+    assert rov.exports_made == before + 1
+    assert entries(cache) == [entry]  # exported again in its place, nothing set aside left
+    assert not rov.damage(entry)
+    again = extractor(tiny_bert, views, "openvino").encode_texts(texts[:3]).docs
+    assert rov.exports_made == before + 1  # and reused from then on
+    assert_same_vectors(again, want)
+
+
+def test_openvino_compiles_into_a_private_folder_and_publishes_whole_blobs(
+        tiny_bert: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenVINO never writes or removes blobs in the shared compiled/ folder itself (two
+    runs on a fresh cache read each other's half-written blob, removed it and failed with
+    'cannot set permissions ... compiled/....blob'); each blob it writes is renamed in."""
+    import openvino
+
+    cache_dirs: list[str] = []
+    real = openvino.Core
+
+    class Recording(real):  # type: ignore[misc, valid-type]
+        def set_property(self, *args: Any) -> None:
+            cache_dirs.append(dict(args[-1]).get("CACHE_DIR", ""))
+            super().set_property(*args)
+
+    monkeypatch.setattr(openvino, "Core", Recording)
+    extractor(tiny_bert, {"m": {"pooling": "mean"}}, "openvino")
+    [entry] = entries(cache)
+    shared = entry / "compiled"
+    assert cache_dirs and all(Path(d).parent == entry and Path(d) != shared
+                              for d in cache_dirs), cache_dirs
+    blobs = {p.name: p.read_bytes() for p in shared.iterdir()}
+    assert blobs and not [p for p in entry.iterdir() if p.name.startswith(".")]
+    # a second writer of the same blob (another process compiling at the same time)
+    # replaces it whole: both succeed, and a reader sees one whole blob or the other
+    for blob in shared.iterdir():
+        blob.chmod(0o444)
+    extractor(tiny_bert, {"m": {"pooling": "mean"}}, "openvino")
+    assert {p.name: p.read_bytes() for p in shared.iterdir()} == blobs
+
+
+def test_what_a_killed_compile_left_is_removed_once_a_day_old(tiny_bert: Path, cache: Path
+                                                              ) -> None:
+    """A process killed while compiling leaves its private folder (a blob in it): removed
+    by a later compile once it is a day old; a younger one may be another process's."""
+    import os
+
+    extractor(tiny_bert, {"m": {"pooling": "mean"}}, "openvino")
+    [entry] = entries(cache)
+    old, young = entry / ".compiling-1-dead", entry / ".compiling-2-busy"
+    for folder in (old, young):
+        folder.mkdir()
+        (folder / "1234.blob").write_bytes(b"half")
+    day_ago = time.time() - rov.STALE_S - 60
+    os.utime(old, (day_ago, day_ago))
+    extractor(tiny_bert, {"m": {"pooling": "mean"}}, "openvino")
+    assert not old.exists() and (young / "1234.blob").read_bytes() == b"half"
+
+
+def test_two_processes_on_a_fresh_cache_both_succeed(tiny_bert: Path, tmp_path: Path,
+                                                     cache: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    raw = job_dict(Path("unused.parquet"), tiny_bert, Path("unused.zarr"),
+                   views={"m": {"pooling": "mean"}, "a": {"pooling": "attention"}})
+    raw["model"]["runtime"] = "openvino"
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps(raw))
+    start = tmp_path / "go"
+    probe = ("import json, os, time; from pipeline.spec import Job; "
+             "from pipeline.extract.partition import Extractor\n"
+             f"while not os.path.exists({str(start)!r}): time.sleep(0.005)\n"
+             f"ex = Extractor(Job.from_dict(json.load(open({str(job_file)!r}))))\n"
+             "print(ex.encode_texts(['the drug worked']).docs['m'].tolist())")
+    procs = [subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+             for _ in range(3)]
+    time.sleep(2)  # all three imported and waiting: then they start together
+    start.touch()
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err[-500:] for _, err in outs]
+    assert len({out for out, _ in outs}) == 1  # the same vectors
+    [entry] = entries(cache)
+    assert not rov.damage(entry) and list((entry / "compiled").glob("*.blob"))
+    assert not [p for p in entry.iterdir() if p.name.startswith(".")]
 
 
 def test_unwritable_cache_is_one_clear_error(tiny_bert: Path, tmp_path: Path,

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError
-from ..run.record import superseded_phrase
+from ..run.record import carried_phrase, superseded_phrase
 from ..spec import ViewSpec
 from ..stores.opened import StoreData as Store
 from ..stores.provenance import RuntimeChoice
@@ -44,7 +44,8 @@ def describe(store: Store) -> str:
                                    model.weights_sha256.items()),
         f"ran on     {', '.join(prov.device)} ({', '.join(prov.dtype)}), {prov.created}",
         *_choice_lines(prov.runtime_choice),
-        "versions   " + ", ".join(f"{k} {v}" for k, v in prov.versions.items()),
+        # the software that wrote it ("version" above and "versions kept" are the store's)
+        "software   " + ", ".join(f"{k} {v}" for k, v in prov.versions.items()),
     ]
     lines.extend(_history_lines(store))
     return "\n".join(lines)
@@ -59,9 +60,19 @@ def _choice_lines(choice: RuntimeChoice | None) -> list[str]:
     lines = [f"runtime    {choice.runtime} {choice.dtype} ({by})"]
     for row in choice.table:
         verdict = "chosen" if row.chosen else "agrees" if row.agrees else f"out: {row.note}"
-        lines.append(f"           {row.runtime + ' ' + row.dtype:<18} {row.tokens_per_s:>9,.0f} "
-                     f"tokens/s  min cosine {row.min_cosine:.6f}  {verdict}")
+        lines.append(f"           {f'{row.runtime} {row.dtype}':<18} "
+                     f"{_number(row.tokens_per_s, '>9,.0f')} tokens/s  min cosine "
+                     f"{_number(row.min_cosine, '.6f')}  {verdict}")
     return lines
+
+
+def _number(value: object, spec: str) -> str:
+    """A recorded number as `spec` formats it; anything else as it was recorded (a store
+    written from a calibration cache of the wrong types, before those were measured
+    again, still shows: the store is read as it is)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return format(value, spec)
+    return repr(value)
 
 
 def _superseded_share(store: Store) -> str:
@@ -103,6 +114,7 @@ def _history_lines(store: Store) -> list[str]:
             what += (f", {run.replaced} replaced, {run.unchanged} unchanged, {run.gone} "
                      f"gone{kept}")
             what += superseded_phrase(run.superseded, run.dropped)
+            what += carried_phrase(run.carried_changed)
         lines.append(f"{head}{run.started}  {run.kind:<11} v{run.version}  {run.rows} rows: "
                      f"{what}; encoded {run.encoded} ({run.copied} copied), {run.tokens} "
                      f"tokens, {run.wall_s:.1f}s; input {run.input_rows} rows in "
@@ -227,6 +239,7 @@ def store_facts(store: Store) -> dict[str, Any]:
     n_chunks = np.asarray(docs["n_chunks"].values)
     per_doc = n_chunks[n_chunks > 0]
     gone, superseded = _flagged(store)
+    kept = store.fmt.version_numbers()  # store versions open_store(path, version=k) opens
     views = []
     for name in store.views:
         spec, post = prov.view_spec(name), prov.post.get(name)
@@ -253,9 +266,11 @@ def store_facts(store: Store) -> dict[str, Any]:
         "model": {"path": prov.model.path, "type": prov.model.model_type,
                   "weights_sha256": prov.model.weights_sha256},
         "device": prov.device, "dtype": prov.dtype, "created": prov.created,
-        "versions": prov.versions, "stats": prov.stats,
-        "version": prov.version, "readable_versions": store.fmt.version_numbers(),
+        "software_versions": prov.versions, "stats": prov.stats,
+        "version": prov.version, "versions_kept": kept,
         "reader_versions": store.fmt.reader_versions(),
+        # the keys these had before (deprecated): scripts written against them keep working
+        "versions": prov.versions, "readable_versions": kept,
         "flagged_gone": gone,
         "superseded": superseded,
         "history": [dataclasses.asdict(run) for run in prov.history],

@@ -20,7 +20,8 @@ fast. The fastest one left wins.
 The decision is cached in `<BERTPIPE_CACHE_DIR or ~/.cache/bertpipe>/calibration/`, one
 JSON file per key: the CPU (model name and flags), the torch, transformers and openvino
 versions, the weights' SHA-256, the views' definitions and what the job left open. Another
-key measures again; a damaged file is measured again with a warning. A run decides once on
+key measures again; a damaged file (unreadable, or a field of the wrong type: it would be
+recorded in the store) is measured again with a one-line warning. A run decides once on
 the client and hands the decision to every worker, so a store never mixes runtimes.
 """
 
@@ -29,13 +30,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -131,10 +133,12 @@ def calibration_dir() -> Path:
 
 def decide(job: Job, weights_sha256: dict[str, str], texts: Callable[[], list[str | None]],
            force: bool = False, load: Loader | None = None,
-           key: dict[str, Any] | None = None) -> RuntimeChoice | None:
+           key: dict[str, Any] | None = None,
+           say: Callable[[str], None] = log.info) -> RuntimeChoice | None:
     """The runtime and dtype for `job` on this machine: the job's own when it fixes both,
     else the cached decision for this key, else measured (`force`: measured whatever the
-    cache holds, and cached). `texts()` gives the job's texts to measure on. None on a GPU."""
+    cache holds, and cached). `texts()` gives the job's texts to measure on; `say` tells
+    the operator what a measurement does and how long it will take. None on a GPU."""
     config = load_config(job.model)
     offered = candidates(job, config)
     if not offered:
@@ -148,7 +152,10 @@ def decide(job: Job, weights_sha256: dict[str, str], texts: Callable[[], list[st
         if cached is not None:
             return cached
     writable(path.parent)  # before measuring: a cache that cannot be kept fails first
-    choice = measure(job, offered, texts(), load or load_candidate)
+    say(f"calibrating model.runtime/dtype auto: timing {len(offered)} candidates "
+        f"({', '.join(' '.join(c) for c in offered)}) on the job's own texts, once for this "
+        f"machine, model and views (cached in {path.parent})")
+    choice = measure(job, offered, texts(), load or load_candidate, say)
     write_cached(path, key, choice)
     return choice
 
@@ -188,16 +195,55 @@ def read_cached(path: Path, key: dict[str, Any], offered: Sequence[tuple[str, st
                     type(exc).__name__)
         return None
     try:
-        if raw["key"] != key:
+        if not isinstance(raw, dict) or raw.get("key") != key:
             return None
-        choice = raw["choice"]
-        if (choice["runtime"], choice["dtype"]) not in offered:
-            raise ValueError("a candidate not offered")
-        table = tuple(CandidateRow(**row) for row in choice["table"])
-        return RuntimeChoice(str(choice["runtime"]), str(choice["dtype"]), "cache", table)
-    except (KeyError, TypeError, ValueError) as exc:
+        return checked_choice(raw.get("choice"), offered)
+    except ValueError as exc:
         log.warning("calibration cache %s is damaged (%s); measuring again", path, exc)
         return None
+
+
+# A cached table row's fields and the types they must have: a row read as given would be
+# recorded in the store and break `inspect` there (a speed of "fast" cannot be printed).
+ROW_TYPES: dict[str, tuple[type, ...]] = {
+    "runtime": (str,), "dtype": (str,), "tokens_per_s": (int, float),
+    "min_cosine": (int, float), "agrees": (bool,), "chosen": (bool,), "note": (str,)}
+
+
+def checked_choice(choice: Any, offered: Sequence[tuple[str, str]]) -> RuntimeChoice:
+    """The cached decision, every field of the type it is written with, its table the
+    candidates offered now with the decision the one row chosen; else a ValueError saying
+    what is wrong (the cache is then measured again)."""
+    if not isinstance(choice, dict) or not isinstance(choice.get("table"), list):
+        raise ValueError("no choice with a table of candidates")
+    picked = (choice.get("runtime"), choice.get("dtype"))
+    if picked not in offered:
+        raise ValueError(f"chose {picked[0]!r} {picked[1]!r}, not a candidate offered")
+    table = tuple(checked_row(row, i) for i, row in enumerate(choice["table"]))
+    if sorted((r.runtime, r.dtype) for r in table) != sorted(offered):
+        raise ValueError("its table is not of the candidates offered")
+    if [(r.runtime, r.dtype) for r in table if r.chosen] != [picked]:
+        raise ValueError("its table does not mark the choice as the one chosen row")
+    return RuntimeChoice(str(picked[0]), str(picked[1]), "cache", table)
+
+
+def checked_row(row: Any, index: int) -> CandidateRow:
+    if not isinstance(row, dict):
+        raise ValueError(f"table row {index} is not an object")
+    for name, types in ROW_TYPES.items():
+        value = row.get(name, "" if name == "note" else None)
+        # bool is an int in Python: a speed of true is no speed
+        if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+            raise ValueError(f"table row {index}: {name} is {value!r}, not "
+                             f"{' or '.join(t.__name__ for t in types)}")
+        # a number here (checked above): NaN and infinity are numbers no measurement gives
+        if name in ("tokens_per_s", "min_cosine") and not math.isfinite(cast(float, value)):
+            raise ValueError(f"table row {index}: {name} is {value!r}")
+    if row["tokens_per_s"] < 0:
+        raise ValueError(f"table row {index}: tokens_per_s is negative")
+    return CandidateRow(row["runtime"], row["dtype"], float(row["tokens_per_s"]),
+                        float(row["min_cosine"]), row["agrees"], row["chosen"],
+                        row.get("note", ""))
 
 
 def writable(folder: Path) -> None:
@@ -236,7 +282,7 @@ def load_candidate(job: Job, runtime: str, dtype: str) -> Extractor:
 
 
 def measure(job: Job, offered: Sequence[tuple[str, str]], texts: Sequence[str | None],
-            load: Loader) -> RuntimeChoice:
+            load: Loader, say: Callable[[str], None] = log.info) -> RuntimeChoice:
     """Time every candidate on the same chunks and check it against torch float32.
 
     All candidates are loaded, then timed in turns (REPEATS rounds, each candidate once per
@@ -259,7 +305,7 @@ def measure(job: Job, offered: Sequence[tuple[str, str]], texts: Sequence[str | 
             errors[(runtime, dtype)] = f"runs {extractor.runtime.dtype} on this CPU"
             continue
         loaded[(runtime, dtype)] = extractor
-    results = timed_in_turns(loaded, job, warm, timed)
+    results = timed_in_turns(loaded, job, warm, timed, say)
     table = [row_of(results[REFERENCE], results[c]) if c in results else
              CandidateRow(c[0], c[1], 0.0, 0.0, False, False, errors.get(c, ""))
              for c in offered]
@@ -269,8 +315,8 @@ def measure(job: Job, offered: Sequence[tuple[str, str]], texts: Sequence[str | 
                          f"(cosine >= {MIN_COSINE}); set model.runtime and model.dtype")
     best = max(agreeing, key=lambda r: r.tokens_per_s)
     table = [replace(r, chosen=r is best) for r in table]
-    log.info("calibrated in %.1f s: %s %s", time.perf_counter() - start, best.runtime,
-             best.dtype)
+    say(f"calibrated in {time.perf_counter() - start:.1f} s: model.runtime {best.runtime}, "
+        f"model.dtype {best.dtype} ({best.tokens_per_s:,.0f} tokens/s)")
     return RuntimeChoice(best.runtime, best.dtype, "calibration", tuple(table))
 
 
@@ -299,12 +345,19 @@ def sample(extractor: Extractor, job: Job, texts: Sequence[str | None]
 
 
 def timed_in_turns(loaded: dict[tuple[str, str], Extractor], job: Job,
-                   warm: list[list[int]], timed: list[list[int]]
+                   warm: list[list[int]], timed: list[list[int]],
+                   say: Callable[[str], None] = log.info
                    ) -> dict[tuple[str, str], Measured]:
     """Each candidate warmed once (kernels chosen, caches filled: not timed), then timed
-    REPEATS times in turns; its fastest pass and its vectors."""
+    REPEATS times in turns; its fastest pass and its vectors. How long the timing will take
+    is said once the warm-up pass (a known share of the tokens) has taken its time."""
+    start = time.perf_counter()
     for extractor in loaded.values():
         extractor.encoder.encode(warm, job.batching)
+    warmed = time.perf_counter() - start
+    share = sum(len(s) for s in timed) / max(sum(len(s) for s in warm), 1)
+    say(f"calibration: {len(loaded)} candidates loaded and warmed up; timing them "
+        f"{REPEATS} times, about {warmed * share * REPEATS:.0f} s more")
     best = {c: float("inf") for c in loaded}
     vectors: dict[tuple[str, str], dict[str, np.ndarray]] = {}
     for _ in range(REPEATS):

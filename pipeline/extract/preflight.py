@@ -25,7 +25,14 @@ from .modelfiles import (
     model_shape,
 )
 from .runtime_choice import check_runtime
-from .source import InputScan, Partition, check_unique_ids, plan_partitions, scan_input
+from .source import (
+    InputScan,
+    Partition,
+    check_unique_ids,
+    counted,
+    plan_partitions,
+    scan_input,
+)
 from .viewshapes import ViewShape, view_shapes
 
 
@@ -45,10 +52,9 @@ class Plan:
 
     def summary(self) -> str:
         """One line: what was checked."""
-        files = len(self.scan.files)
         return (f"model {self.model_type} ({self.n_layers} layers, hidden {self.hidden}); "
-                f"input {files} file{'s' if files != 1 else ''}, {self.scan.rows} rows, "
-                f"{len(self.partitions)} partitions")
+                f"input {counted(len(self.scan.files), 'file')}, {self.scan.rows} rows, "
+                f"{counted(len(self.partitions), 'partition')}")
 
     def describe(self) -> str:
         """The plan in full, for `extract --dry-run`."""
@@ -59,17 +65,21 @@ class Plan:
             f"chunking   {job.chunking.strategy}, {self.budget} content tokens per chunk"
             + (f", overlap {job.chunking.overlap}" if job.chunking.overlap else ""),
             "views      " + ", ".join(f"{name} ({width})" for name, width in self.widths.items()),
-            f"input      {len(self.scan.files)} files, {self.scan.rows} rows",
+            f"input      {counted(len(self.scan.files), 'file')}, {self.scan.rows} rows",
         ]
         lines += [f"  {f.path}  {f.rows} rows" for f in self.scan.files]
         lines.append(f"partitions {len(self.partitions)} of at most "
                      f"{job.execution.partition_rows} rows")
-        state = "exists" if _output_exists(job.output.path) else "does not exist yet"
+        exists = _output_exists(job.output.path)
+        state = "exists" if exists else "does not exist yet"
         lines.append(f"output     {job.output.format} {job.output.path} ({state}), levels "
                      f"{', '.join(job.output.levels)}, {job.output.dtype}")
-        if job.output.incremental:
+        if job.output.incremental and exists:
             lines.append("mode       incremental: rows with new ids or changed texts are "
                          "encoded into the existing store")
+        elif job.output.incremental:  # the incremental run hands a missing store to a full run
+            lines.append("mode       full: no store yet, so every row is encoded; later "
+                         "incremental runs encode only new ids and changed texts")
         return "\n".join(lines)
 
 

@@ -18,11 +18,19 @@ OpenVINO/torch/transformers versions, this module's format number):
 
     <BERTPIPE_CACHE_DIR or ~/.cache/bertpipe>/openvino/<key>/
         model.xml, model.bin   the IR (float32 weights)
+        files.json             the IR files' sizes and model.xml's SHA-256
         key.json               what the key was made of (written last)
-        compiled/              OpenVINO's own CACHE_DIR: compiled blobs per CPU and config
+        compiled/              compiled blobs per CPU and config (OpenVINO's CACHE_DIR format)
 
 An entry is exported into a temporary folder and renamed into place, so a reader sees a
 whole entry or none, and two workers exporting at once both end with the same entry.
+Compiled blobs likewise: OpenVINO compiles with a private CACHE_DIR beside compiled/ (the
+blobs already there linked in), and each blob it wrote is renamed into compiled/ whole, so
+no process reads a half-written blob or has one removed under it while it writes.
+
+A damaged entry (IR files that are not the sizes recorded, or that OpenVINO cannot read or
+compile) is set aside with a one-line warning and exported again: a cache is never a
+reason for a run to fail.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -237,6 +246,7 @@ def cached_export(key: dict[str, Any], export_to: Callable[[Path], None],
         start = time.perf_counter()
         export_to(tmp)
         (tmp / "compiled").mkdir()
+        (tmp / FILES).write_text(json.dumps(file_facts(tmp), indent=1, sort_keys=True))
         (tmp / "key.json").write_text(json.dumps(key, indent=1, sort_keys=True))
         tmp.chmod(0o755)  # mkdtemp makes it private; the cache may serve several users
         try:
@@ -253,6 +263,121 @@ def cached_export(key: dict[str, Any], export_to: Callable[[Path], None],
     return entry
 
 
+FILES = "files.json"  # the IR files as exported (an entry without it predates the check)
+IR_FILES = ("model.xml", "model.bin")
+
+
+def file_facts(entry: Path) -> dict[str, dict[str, Any]]:
+    """What a damaged IR file differs in: every file's size, and the (small) graph's
+    SHA-256 (the weights file is not hashed: reading it whole would cost every start)."""
+    facts: dict[str, dict[str, Any]] = {name: {"size": (entry / name).stat().st_size}
+                                        for name in IR_FILES}
+    facts["model.xml"]["sha256"] = hashlib.sha256((entry / "model.xml").read_bytes()
+                                                  ).hexdigest()
+    return facts
+
+
+def damage(entry: Path) -> str:
+    """Why a complete entry's IR files are not as exported ("" when they are, or when the
+    entry predates files.json: OpenVINO's own read then finds what is wrong)."""
+    try:
+        recorded = json.loads((entry / FILES).read_text())
+    except FileNotFoundError:
+        return ""
+    except (OSError, ValueError):
+        return f"{FILES} is unreadable"
+    try:
+        now = file_facts(entry)
+    except OSError as exc:
+        return f"{Path(exc.filename or '').name or 'a file'} is missing"
+    for name in IR_FILES:
+        want, got = recorded.get(name) or {}, now[name]
+        if want.get("size") != got["size"]:
+            return f"{name} is {got['size']} bytes, {want.get('size')} when exported"
+        if "sha256" in want and want["sha256"] != got["sha256"]:
+            return f"{name} is not the file exported"
+    return ""
+
+
+def discard(entry: Path, why: str) -> None:
+    """Set a damaged entry aside (one rename: other processes see it whole or not at all)
+    and remove it, saying so in one line."""
+    log.warning("openvino: the cached export %s is damaged (%s); exporting it again",
+                entry, why)
+    remove_stale(entry.parent, ".damaged-")
+    aside = entry.with_name(f".damaged-{entry.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        os.rename(entry, aside)
+    except FileNotFoundError:
+        return  # another process set it aside first
+    except OSError as exc:
+        raise ModelError(f"model.runtime: openvino cannot replace the damaged export "
+                         f"{entry} ({exc.strerror}); remove that folder, or set "
+                         f"{CACHE_ENV} to another folder") from None
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def intact_entry(key: dict[str, Any]) -> Path | None:
+    """The cache entry for `key` when it is complete and its files are as exported; a
+    damaged one is discarded (None: export again)."""
+    entry = cached_entry(key)
+    if entry is None:
+        return None
+    why = damage(entry)
+    if why:
+        discard(entry, why)
+        return None
+    return entry
+
+
+# A private compile folder or a set-aside entry this old was left by a process that died
+# (a compile takes seconds); younger ones may be another process's at work (any host).
+STALE_S = 24 * 3600
+
+
+def remove_stale(folder: Path, prefix: str) -> None:
+    """Remove what dead processes left in `folder` under `prefix` (a day old or more)."""
+    for left in folder.glob(prefix + "*"):
+        try:
+            if time.time() - left.stat().st_mtime >= STALE_S:
+                shutil.rmtree(left, ignore_errors=True)
+        except OSError:
+            continue  # removed by another process meanwhile
+
+
+@contextlib.contextmanager
+def private_cache(shared: Path) -> Iterator[Path]:
+    """A CACHE_DIR for one compile: a fresh folder beside `shared` holding links to the
+    blobs already in it; afterwards each blob OpenVINO wrote there is renamed into `shared`.
+
+    Why: OpenVINO writes a blob in place and then sets its permissions, and removes a blob
+    it cannot read; two processes compiling one model in one CACHE_DIR (two runs on a fresh
+    cache) then read each other's half-written blob and remove it under its writer, which
+    fails ("cannot set permissions"). A rename within one folder is atomic, and two
+    processes renaming the same blob both succeed: the second replaces the first."""
+    shared.mkdir(exist_ok=True)
+    remove_stale(shared.parent, ".compiling-")
+    mine = Path(tempfile.mkdtemp(prefix=f".compiling-{os.getpid()}-", dir=shared.parent))
+    try:
+        linked = {}
+        for blob in shared.iterdir():
+            if blob.name.startswith(".") or not blob.is_file():
+                continue
+            try:
+                os.link(blob, mine / blob.name)
+            except FileNotFoundError:  # replaced or removed by another process meanwhile
+                continue
+            except OSError:  # a filesystem without hard links: OpenVINO compiles again
+                continue
+            linked[blob.name] = (mine / blob.name).stat().st_ino
+        yield mine
+        for blob in mine.iterdir():
+            if blob.is_file() and linked.get(blob.name) != blob.stat().st_ino:
+                os.replace(blob, shared / blob.name)  # written by this compile: publish
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
+
+
 # ---- running --------------------------------------------------------------------------
 
 class OpenVINOForward:
@@ -266,13 +391,15 @@ class OpenVINOForward:
         self.layers = tuple(sorted(layers))
         self.cls_attention = cls_attention
         core = ov.Core()
-        # compiled blobs are cached per CPU and config by OpenVINO itself
-        core.set_property({"CACHE_DIR": str(entry / "compiled")})
-        self.compiled = core.compile_model(str(entry / "model.xml"), "CPU", {
-            "PERFORMANCE_HINT": "LATENCY",  # one request at a time, all threads on it
-            "INFERENCE_PRECISION_HINT": HINTS[precision],
-            "INFERENCE_NUM_THREADS": threads,
-        })
+        # compiled blobs are cached per CPU and config by OpenVINO itself, in a private
+        # folder published into the entry's compiled/ (see private_cache)
+        with private_cache(entry / "compiled") as cache_dir:
+            core.set_property({"CACHE_DIR": str(cache_dir)})
+            self.compiled = core.compile_model(str(entry / "model.xml"), "CPU", {
+                "PERFORMANCE_HINT": "LATENCY",  # one request at a time, all threads on it
+                "INFERENCE_PRECISION_HINT": HINTS[precision],
+                "INFERENCE_NUM_THREADS": threads,
+            })
         self.request = self.compiled.create_infer_request()
 
     @property
@@ -305,26 +432,54 @@ def openvino_forward(spec: ModelSpec, config: Any, needs: ForwardNeeds, precisio
     key = export_key(fingerprint["weights_sha256"], fingerprint["config"], layers,
                      needs.cls_attention)
     weights = list(fingerprint["weights_sha256"])
-    entry = cached_entry(key)
-    if entry is not None and weights and all(w.endswith(".safetensors") for w in weights):
-        model = weightless_model(spec, config, needs, weights)
-    else:
-        # the export is made from the float32 weights; OpenVINO applies the precision
-        model = load_model(replace(spec, dtype="float32", device="cpu"),
-                           keep_layers=needs.blocks_to_run, need_pooler=needs.pooler)
+    entry = intact_entry(key)
+    forward = None
+    if entry is not None:
+        forward = cached_forward(entry, layers, needs.cls_attention, precision, threads)
+    if forward is not None and weights and all(w.endswith(".safetensors") for w in weights):
+        return weightless_model(spec, config, needs, weights), forward
+    # the export is made from the float32 weights; OpenVINO applies the precision
+    model = load_model(replace(spec, dtype="float32", device="cpu"),
+                       keep_layers=needs.blocks_to_run, need_pooler=needs.pooler)
+    if forward is None:
         module = model.module
 
         def export_to(dest: Path) -> None:
             try:
                 export(module, layers, needs.cls_attention, dest)
             except Exception as exc:  # noqa: BLE001 - any conversion failure: one message
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 raise ModelError(f"model.runtime: openvino could not export {spec.path!r} "
-                                 f"({first}); use model.runtime: torch") from None
+                                 f"({first_line(exc)}); use model.runtime: torch") from None
 
         entry = cached_export(key, export_to)
-        model.module = WEIGHTLESS  # the graph has the weights now: free the torch copy
-    return model, OpenVINOForward(entry, layers, needs.cls_attention, precision, threads)
+        try:
+            forward = OpenVINOForward(entry, layers, needs.cls_attention, precision, threads)
+        except RuntimeError as exc:  # OpenVINO's own errors: one line, not a traceback
+            raise ModelError(f"model.runtime: openvino could not compile the export of "
+                             f"{spec.path!r} in {entry} ({first_line(exc)}); use "
+                             "model.runtime: torch") from None
+    model.module = WEIGHTLESS  # the graph has the weights now: free the torch copy
+    return model, forward
+
+
+def cached_forward(entry: Path, layers: Sequence[int], cls_attention: bool, precision: str,
+                   threads: int) -> OpenVINOForward | None:
+    """The cached entry compiled, or None when OpenVINO cannot read or compile it (junk
+    model.xml, a weights file that does not match its graph): discarded, with a warning,
+    for the caller to export again."""
+    try:
+        return OpenVINOForward(entry, layers, cls_attention, precision, threads)
+    except RuntimeError as exc:
+        discard(entry, f"OpenVINO cannot load it: {first_line(exc)}")
+        return None
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line that says something: OpenVINO's errors start with lines naming its
+    source files ("Exception from src/inference/src/cpp/core.cpp:84:")."""
+    lines = [line.strip() for line in str(exc).splitlines()
+             if line.strip() and not line.startswith("Exception from ")]
+    return lines[0][:200] if lines else type(exc).__name__
 
 
 # Stands in for the torch module once the graph holds the weights (nothing calls it).

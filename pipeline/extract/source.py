@@ -52,6 +52,11 @@ class PartitionRows:
     carry: dict[str, pa.Array]  # column -> (N,)
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 file', '2 files': a count as the lines that report plans say it."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def list_files(path: str, options: Options = None) -> list[str]:
     """A file, a directory of *.parquet files, or a glob; always sorted. For a URL: an
     object, a prefix (every *.parquet below it) or a glob, as URLs."""

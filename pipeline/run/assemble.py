@@ -17,6 +17,7 @@ from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import xarray as xr
 
 from ..spec import Job
@@ -145,6 +146,50 @@ def _kept(c: Changes) -> np.ndarray:
     """Per row, whether it keeps everything of its id's store row: results from that row
     (so the same text) and the same `present` flag (StreamedVersion)."""
     return c.from_store & (c.source == c.store_row) & (c.was_present == (c.input_row >= 0))
+
+
+def carried_changed(a: Assembly) -> int:
+    """Rows of the new version whose carried values differ from those of the store row they
+    were (a known id, its text changed or not): a night that only relabels rows encodes,
+    adds and replaces nothing, and this is what it changed. A carried column the store does
+    not have yet changes no row (it is new, not changed)."""
+    c = a.changes
+    names = [n for n in a.job.input.carry_columns if n in a.store.docs.variables]
+    known = np.flatnonzero((c.input_row >= 0) & (c.store_row >= 0))
+    changed = 0
+    for start in range(0, len(known) if names else 0, BLOCK_ROWS):
+        rows = known[start : start + BLOCK_ROWS]
+        differs = np.zeros(len(rows), bool)
+        for name in names:
+            now = take_rows(c.inputs.carry.column(name), c.input_row[rows])
+            before = _stored(a.store.docs, name, c.store_row[rows])
+            if before is not None:  # None only for no rows
+                differs |= _differ(now, before)
+        changed += int(differs.sum())
+    return changed
+
+
+def _differ(now: pa.Array, before: pa.Array) -> np.ndarray:
+    """(n,) bool: the values differ; two nulls are equal, and so are two NaNs (a store may
+    read a missing float back as either)."""
+    try:
+        before = before.cast(now.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        try:
+            now = now.cast(before.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # e.g. text beside numbers
+            return np.array([x != y for x, y in zip(now.to_pylist(), before.to_pylist(),
+                                                     strict=True)], bool)
+    now, before = _nan_as_null(now), _nan_as_null(before)
+    equal = pc.fill_null(pc.equal(now, before), False).to_numpy(zero_copy_only=False)
+    both_null = pc.and_(pc.is_null(now), pc.is_null(before)).to_numpy(zero_copy_only=False)
+    return ~(equal | both_null)
+
+
+def _nan_as_null(values: pa.Array) -> pa.Array:
+    if pa.types.is_floating(values.type):
+        return pc.if_else(pc.is_nan(values), pa.scalar(None, values.type), values)
+    return values
 
 
 def _same(a: Assembly) -> dict[str, dict[str, np.ndarray]]:

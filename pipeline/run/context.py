@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,6 +30,8 @@ from ..stores.provenance import InputFile, RuntimeChoice
 from .executors import Executor, Failures, OnDone
 from .output import OutputSession
 from .record import OnPlan, RunSummary, collect, now_iso
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -62,12 +65,15 @@ class RunContext:
         return time.perf_counter() - self.started
 
 
-def decide_runtime(ctx: RunContext, force: bool = False) -> RuntimeChoice | None:
+def decide_runtime(ctx: RunContext, force: bool = False,
+                   say: Callable[[str], None] = log.info) -> RuntimeChoice | None:
     """The runtime and dtype this run's workers use (extract/calibrate.py): decided once,
-    here on the client, so every worker runs the same and a store never mixes them."""
+    here on the client, so every worker runs the same and a store never mixes them. `say`:
+    what a measurement does and how long it takes (a first run spent ~47 s silent there)."""
     from ..extract.calibrate import decide  # why here: dry runs and validate never measure
 
-    return decide(ctx.job, ctx.model["weights_sha256"], lambda: sample_texts(ctx), force)
+    return decide(ctx.job, ctx.model["weights_sha256"], lambda: sample_texts(ctx), force,
+                  say=say)
 
 
 def sample_texts(ctx: RunContext, chars: int = 200_000) -> list[str | None]:

@@ -43,10 +43,12 @@ class Collected:
                 f"{self.bytes_freed / 1e6:.1f} MB; versions kept: {_listed(self.kept)}")
 
 
-def collect_garbage(path: str, keep: int, say: Callable[[str], None] = log.warning
+def collect_garbage(path: str, keep: int | None, say: Callable[[str], None] = log.warning
                     ) -> Collected:
-    """Keep the `keep` newest versions of the store at `path`; reclaim the rest."""
-    if keep < 1:
+    """Keep the `keep` newest versions of the store at `path`; reclaim the rest. `keep`
+    None: a store that keeps one version has what is left of retired ones removed; one that
+    keeps several is refused (how much history to drop is never guessed)."""
+    if keep is not None and keep < 1:
         raise OptionError(f"--keep: {keep} is out of range (at least 1: the current version)")
     if not resolve(path).exists():
         raise StoreError(f"{path}: no such store")
@@ -54,11 +56,26 @@ def collect_garbage(path: str, keep: int, say: Callable[[str], None] = log.warni
     if contents.state != "store":
         held = f" (it holds {contents.describe_foreign()})" if contents.foreign else ""
         raise StoreError(f"{path}: not a bertpipe store{held}; nothing to collect")
-    with OutputSession(path, "gc", say) as output:
+    kept_now(path, detect_format(path).version_numbers(), keep)  # refused before the lock
+    with OutputSession(path, "gc", say, command="gc") as output:
         fmt = detect_format(path)
+        # again under the lock: an update may have added a version since
+        wanted = kept_now(path, fmt.version_numbers(), keep)
         output.confirm("expire versions")
-        expired, freed = fmt.gc(keep)
+        expired, freed = fmt.gc(wanted)
         return Collected(path, expired, fmt.version_numbers(), freed)
+
+
+def kept_now(path: str, versions: list[int], keep: int | None) -> int:
+    """How many versions to keep: `keep`, or without it all of them when there is one; a
+    store keeping several needs --keep (a default would drop history nobody chose to)."""
+    if keep is not None:
+        return keep
+    if len(versions) > 1:
+        raise OptionError(f"--keep: {path} keeps versions {_listed(versions)}; say how many "
+                          "to keep (gc --keep N keeps the newest N and deletes the others for "
+                          "good; --keep 1 keeps the current version only)")
+    return 1
 
 
 def _listed(versions: list[int]) -> str:

@@ -43,7 +43,14 @@ from ..stores.markers import MarkerTotals
 from ..stores.opened import StoreData, open_store_data, store_name
 from ..stores.ownership import inspect_output
 from ..stores.provenance import ModelInfo, Provenance, is_complete
-from .assemble import Assembly, Derived, Source, assemble, streamed_version
+from .assemble import (
+    Assembly,
+    Derived,
+    Source,
+    assemble,
+    carried_changed,
+    streamed_version,
+)
 from .checks import check_compatible
 from .compare import Changes, StoreRows, compare
 from .context import PartitionWork, RunContext, run_partitions, with_choice
@@ -145,6 +152,7 @@ def _summarised(summary: RunSummary, provenance: Provenance, changes: Changes,
     for name in ("added", "replaced", "unchanged", "gone", "pruned", "encoded", "copied",
                  "superseded", "dropped"):
         setattr(summary, name, getattr(changes, name))
+    summary.carried_changed = provenance.history[-1].carried_changed  # counted at the commit
     summary.wall_s = time.perf_counter() - started
     return summary
 
@@ -234,6 +242,7 @@ def _commit(ctx: RunContext, store: StoreData, changes: Changes, staging: Stagin
                 derived[name] = (info.source, transform.apply)
         assembly = Assembly(job, changes, Source.of(store.docs, store.chunks), delta,
                             store.views, derived)
+        relabelled = carried_changed(assembly)  # read before the version is written over
         stats = _write_version(fmt, version, assembly, ctx.plan.budget, staging, path)
     # the history entry of this run (its wall time up to the switch)
     record = run_record("incremental", version, ctx.started_at, ctx.identity, totals,
@@ -241,7 +250,7 @@ def _commit(ctx: RunContext, store: StoreData, changes: Changes, staging: Stagin
                         replaced=changes.replaced, unchanged=changes.unchanged,
                         gone=changes.gone, pruned=changes.pruned, encoded=changes.encoded,
                         copied=changes.copied, superseded=changes.superseded,
-                        dropped=changes.dropped)
+                        dropped=changes.dropped, carried_changed=relabelled)
     provenance = replace(
         current, run_fingerprint=ctx.fingerprint, job=job, model=ModelInfo(**ctx.model),
         versions=software_versions(totals),

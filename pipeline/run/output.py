@@ -242,11 +242,12 @@ class OutputSession:
     folders to make or remove: only the store's own keys are written and removed."""
 
     def __init__(self, path: str | Path, fingerprint: str,
-                 say: Callable[[str], None] = log.warning):
+                 say: Callable[[str], None] = log.warning, command: str | None = None):
         self.location: Location = resolve(path)
         self.path = Path(self.location.path) if self.location.local else None
         self.fingerprint = fingerprint
-        self.lock = StoreLock(self.location, say)
+        # `command`: a command on a store (gc), not a job's run: refusals say so
+        self.lock = StoreLock(self.location, say, command)
         self.made_dirs: list[Path] = []  # local folders this run created, deepest first
         self.made_store = False  # the store's entries are this run's (set by `prepare`)
 

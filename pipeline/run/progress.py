@@ -23,7 +23,7 @@ from rich.progress import (
 )
 from rich.progress import Progress as RichProgress
 
-from ..extract.source import Partition
+from ..extract.source import Partition, counted
 from ..stores.markers import PartitionMarker
 
 LOG_EVERY_S = 10.0
@@ -66,8 +66,8 @@ class Progress:
         self.total_rows = sum(p.n_rows for p in pending)
         skipped = len(parts) - len(pending)
         files = len({p.file for p in parts})
-        self.message(f"plan: {files} file{'s' * (files != 1)}, {parts[-1].row_stop if parts else 0}"
-                     f" rows, {len(parts)} partitions, {len(pending)} to run")
+        self.message(f"plan: {counted(files, 'file')}, {parts[-1].row_stop if parts else 0}"
+                     f" rows, {counted(len(parts), 'partition')}, {len(pending)} to run")
         if skipped:
             self.message(f"resuming: {skipped} of {len(parts)} partitions already done")
         if self.interactive and pending and not self.quiet:

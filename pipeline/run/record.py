@@ -29,8 +29,10 @@ OnPlan = Callable[[Sequence[Partition], Sequence[Partition]], None]
 
 @dataclass
 class RunSummary:
-    """What a run did. `rows`, `chunks`, `tokens` describe the finished store; `tokens_run`
-    and the rate count only the partitions encoded by this run (not those a resume skipped).
+    """What a run did. `rows`, `chunks`, `tokens` describe the finished store (`tokens`: the
+    documents' tokens); `tokens_run` and the rate count the tokens this run fed to the model
+    (special tokens and chunk overlap included: what the history's `tokens` records), only
+    in the partitions encoded by this run (not those a resume skipped).
     Filled as the run goes, so a failed run still reports how far it got.
 
     Rows by what the run did with them: a full run adds every row; an incremental run adds
@@ -61,6 +63,7 @@ class RunSummary:
     pruned: int = 0  # of those, removed (the others are kept, present: false)
     superseded: int = 0  # rows kept, flagged, that an edit superseded (Icechunk)
     dropped: int = 0  # superseded rows removed
+    carried_changed: int = 0  # rows of known ids whose carried values changed
     incremental: bool = False
     version: int = 0
 
@@ -83,7 +86,8 @@ class RunSummary:
                 " (removed)" if self.pruned else " (kept with present=false)"
             return (f"version {self.version}: encoded {self.encoded} rows, skipped "
                     f"{self.unchanged} unchanged, replaced {self.replaced}, added "
-                    f"{self.added}, {self.gone} gone{kept}{self._superseded()}; "
+                    f"{self.added}, {self.gone} gone{kept}{self._superseded()}"
+                    f"{carried_phrase(self.carried_changed)}; "
                     f"{self.copied} encodings saved by identical texts; {self.rows} rows in "
                     f"the store; {rate}; {parts}")
         this_run = " this run" if self.skipped else ""  # a resume: the rest was done before
@@ -109,7 +113,8 @@ class RunSummary:
                                     "added": self.added, "replaced": self.replaced,
                                     "skipped": self.unchanged, "gone": self.gone,
                                     "pruned": self.pruned, "superseded": self.superseded,
-                                    "dropped": self.dropped}}
+                                    "dropped": self.dropped,
+                                    "carried_changed": self.carried_changed}}
 
 
 def superseded_phrase(superseded: int, dropped: int) -> str:
@@ -120,11 +125,20 @@ def superseded_phrase(superseded: int, dropped: int) -> str:
     return f", {', '.join(said)}" if said else ""
 
 
+def carried_phrase(changed: int) -> str:
+    """", carried values changed in N rows" (a night that only relabels rows encodes,
+    replaces and adds nothing: this is what it did), or "" when none."""
+    return f", carried values changed in {changed} row{'s' * (changed != 1)}" if changed \
+        else ""
+
+
 def collect(done: dict[int, PartitionMarker], on_done: OnDone | None,
             summary: RunSummary) -> OnDone:
     def record(part: Partition, marker: PartitionMarker) -> None:
         done[part.index] = marker
-        summary.tokens_run += marker.n_tokens
+        # tokens fed to the model, as the history records them: a summary that counted the
+        # documents' tokens disagreed with it by the special tokens of every chunk
+        summary.tokens_run += marker.n_encoded
         summary.devices = sorted({*summary.devices, marker.device})
         summary.dtypes = sorted({*summary.dtypes, marker.dtype})
         if on_done:

@@ -102,7 +102,7 @@ def full_run(ctx: RunContext, executor: Executor | None, on_done: OnDone | None 
         return summary
     # measured (or read from the cache) before anything is created: a cache that cannot be
     # written is refused with the store untouched
-    choice = decide_runtime(ctx)
+    choice = decide_runtime(ctx, say=say)
     executor = executor or executor_for(job, say)
     with executor, output:
         staging = output.prepare(job, plan, overwrite)

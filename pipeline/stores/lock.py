@@ -116,8 +116,13 @@ class LockState:
 
 class StoreLock:
     def __init__(self, store_path: str | Path | Location,
-                 say: Callable[[str], None] = log.warning):
+                 say: Callable[[str], None] = log.warning, command: str | None = None):
+        """`command`: the command that takes the lock when it is not a run (`gc`): its
+        refusals then name the store itself and that command, not the job's output.path."""
         self.store = store_path if isinstance(store_path, Location) else resolve(store_path)
+        self.named = f"{self.store}" if command else f"output.path: {self.store}"
+        self.instead = (f"then run {command} again" if command else
+                        "or choose another output.path")
         self.file = self.store.child(LOCK_NAME)
         self.refresh_s = refresh_interval()  # read now: a bad value refuses before any write
         self.token: str | None = None  # set while this object holds the lock
@@ -155,7 +160,7 @@ class StoreLock:
                 time.sleep(min(state.wait_s, _refresh_of(state.holder)) + 0.01)
                 continue
             raise StoreError(self.refusal(state))
-        raise StoreError(f"output.path: {self.store}: the lock kept changing hands; try again")
+        raise StoreError(f"{self.named}: the lock kept changing hands; try again")
 
     def _record(self, fingerprint: str) -> dict[str, Any]:
         now = time.time()
@@ -183,7 +188,7 @@ class StoreLock:
             raise StoreError(self._being_taken_over(state))
         if _token_of(self.holder() or {}) != _token_of(dead):  # it changed since we read it
             claim.remove()
-            raise StoreError(f"output.path: {self.store}: its lock changed hands while this run "
+            raise StoreError(f"{self.named}: its lock changed hands while this run "
                              "took it over; try again")
         self.took_over = f"the lock of {describe(dead)}: {state.reason}"
         record = {**record, "generation": int(dead.get("generation", 0) or 0) + 1,
@@ -198,7 +203,7 @@ class StoreLock:
         return self.store.child(TAKEOVER_PREFIX + _token_of(dead))
 
     def _being_taken_over(self, state: LockState) -> str:
-        return (f"output.path: {self.store} is being taken over by another run (the lock of "
+        return (f"{self.named} is being taken over by another run (the lock of "
                 f"{describe(state.holder)} {state.reason}); wait for it to finish")
 
     def check_free_to_take(self) -> None:
@@ -255,7 +260,7 @@ class StoreLock:
         past its lease and taken over must not `action` (commit, remove) anything."""
         fence = self.fence()
         if fence is None:
-            raise StoreError(f"output.path: {self.store}: this run does not hold the lock; "
+            raise StoreError(f"{self.named}: this run does not hold the lock; "
                              f"it will not {action}")
         fence.check(action)
 
@@ -303,17 +308,16 @@ class StoreLock:
     def refusal(self, state: LockState | None = None) -> str:
         state = state or self.state()
         if state.kind == "free":  # released between our attempt and this read
-            return f"output.path: {self.store} was locked by another run; try again"
+            return f"{self.named} was locked by another run; try again"
         if state.reason == NOT_A_LOCK_FILE:
-            return (f"output.path: {self.store}: {LOCK_NAME} {NOT_A_LOCK_FILE}; nothing was "
+            return (f"{self.named}: {LOCK_NAME} {NOT_A_LOCK_FILE}; nothing was "
                     "changed: move it out of the store and run again")
         if state.kind == "unknown":
-            return (f"output.path: {self.store} is locked, but {state.reason}; if no run is "
+            return (f"{self.named} is locked, but {state.reason}; if no run is "
                     f"writing to it, clear the lock with `bertpipe unlock {self.store}` and "
                     "run again")
-        return (f"output.path: {self.store} is being written by another run "
-                f"({describe(state.holder)}); wait for it to finish, or choose another "
-                "output.path")
+        return (f"{self.named} is being written by another run "
+                f"({describe(state.holder)}); wait for it to finish, {self.instead}")
 
     def force_remove(self) -> None:
         """Remove the lock file; a folder in its place is not ours to remove."""

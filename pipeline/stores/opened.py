@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xarray as xr
 
-from ..errors import StoreError
+from ..errors import OptionError, StoreError
 from ..io.location import register_options, resolve, storage_errors
 from . import detect_format
 from .base import StoreFormat
@@ -119,16 +119,34 @@ def last_of_each_id(ids: np.ndarray | pa.Array) -> np.ndarray:
 
 def open_store_data(path: str | Path, require_complete: bool = True,
                     storage_options: dict[str, Any] | None = None,
-                    version: int | None = None, dask: bool = True) -> StoreData:
+                    version: int | str | None = None, dask: bool = True) -> StoreData:
     """Open a bertpipe store lazily; incomplete ones are refused. `path` may be an fsspec
     URL (`s3://bucket/out/reviews.zarr`); `storage_options` go over what the environment
     gives (a string `${NAME}` is read from the environment). `version`: an earlier version
-    the store keeps (the icechunk and delta formats), else the current one."""
+    the store keeps (the icechunk and delta formats), else the current one; a number, or
+    its digits as a string (`"1"`, as read from a command line or a config file)."""
     path = str(path)
+    version = version_number(version)
     if storage_options is not None:
         register_options(path, storage_options)
     with storage_errors(path, "store", StoreError):
         return _open(path, require_complete, version, dask)
+
+
+def version_number(version: object) -> int | None:
+    """`version` as the store's version number: an int (or NumPy integer) of at least 0,
+    or a string of its digits; anything else is refused naming what was given (a string
+    compared with the kept numbers read "no version 1 (versions kept: 1, 0)")."""
+    if version is None:
+        return None
+    if isinstance(version, str) and version.strip().isdigit():
+        return int(version.strip())
+    if isinstance(version, (int, np.integer)) and not isinstance(version, bool) \
+            and version >= 0:
+        return int(version)
+    raise OptionError(f"version={version!r} is not a store version: give a whole number "
+                      "0, 1, ... (bertpipe inspect lists the versions kept), or leave it out "
+                      "for the current one")
 
 
 def store_name(path: str) -> str:

@@ -89,7 +89,8 @@ class RunRecord:
     appends an edited text and keeps the old row, flagged: `superseded` counts such rows in
     the store after the run, `dropped` those it removed (a prune, or past a tenth of the
     store). `encoded` texts were run through the model; `copied` rows took the vectors of an
-    identical text instead (duplicates in the input, or a text the store already held)."""
+    identical text instead (duplicates in the input, or a text the store already held).
+    `carried_changed` rows of known ids took new carried values (e.g. a relabelling)."""
 
     kind: str  # full | incremental
     started: str  # ISO 8601, UTC
@@ -110,6 +111,8 @@ class RunRecord:
     took_over_lock: str = ""  # whose dead or expired lock this run took over, and why
     superseded: int = 0  # rows kept, flagged, that an edit superseded (after the run)
     dropped: int = 0  # superseded rows this run removed
+    # rows of known ids whose carried values changed (a relabelling: nothing to encode)
+    carried_changed: int = 0
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> RunRecord:
