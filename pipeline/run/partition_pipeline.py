@@ -176,9 +176,12 @@ class PartitionPipeline:
         self._go_on()
         start = time.perf_counter()
         part = got.prepared.part
-        self.extractor.encoder.on_batch = lambda done, total: self._batch_done(
-            part, done, total, on_batch)
-        tables = self.extractor.finish(got.prepared)
+        encoder = self.extractor.encoder
+        encoder.on_batch = lambda done, total: self._batch_done(part, done, total, on_batch)
+        try:
+            tables = self.extractor.finish(got.prepared)
+        finally:
+            encoder.on_batch = None  # the extractor may outlive this pipeline (a later run)
         # the partition's own work, preparing included wherever it ran
         marker = self._marker(part, fingerprint, tables.stats,
                               got.seconds + time.perf_counter() - start)
