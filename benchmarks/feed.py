@@ -18,8 +18,8 @@ all-MiniLM-L6-v2's tokenizer and shapes, and the forward pass replaced through t
 The job has one `cls` view: on a GPU the views' arithmetic runs on the device, and `cls`
 keeps it from costing this CPU anything here either. Each is run sequentially (as before:
 a partition is tokenized, then encoded) and with the next partition prepared ahead on a
-thread of its own (run/ahead.py), alternating, after the fast tokenizer alone on the same
-texts (the `tokenizers` library's `encode_batch`, as the chunker calls it through
+lane of its own (run/partition_pipeline.py), alternating, after the fast tokenizer alone
+on the same texts (the `tokenizers` library's `encode_batch`, as the chunker calls it through
 transformers, without transformers' conversion to Python lists). Figures, medians:
 
     tokens per CPU-second   content tokens over the CPU time of the whole process (every

@@ -142,14 +142,14 @@ def test_device_auto_asks_torch_only_where_a_gpu_device_node_exists(
 
     import torch
 
-    from pipeline.extract import model, runtime_choice
+    from pipeline.extract import runtime_choice
 
     assert runtime_choice.gpu_device_nodes(tmp_path) == []
     for name in ("nvidiactl", "dxg", "kfd"):
         (tmp_path / name).touch()
     assert runtime_choice.gpu_device_nodes(tmp_path) == ["nvidiactl", "dxg", "kfd"]
     monkeypatch.setattr(sys, "platform", "linux")
-    monkeypatch.setattr(model, "resolve_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(runtime_choice, "resolve_device", lambda name: torch.device("cuda"))
     monkeypatch.setattr(runtime_choice, "gpu_device_nodes", lambda: ["nvidiactl"])
     assert runtime_choice.device_type("auto") == "cuda"  # torch was asked
     monkeypatch.setattr(runtime_choice, "gpu_device_nodes", lambda: [])

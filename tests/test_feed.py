@@ -1,6 +1,7 @@
-"""Preparing partitions ahead of the encoder (run/ahead.py, the in-process executor): the
-same store as the sequential path, bit for bit, and the same vectors as plain
-`transformers`; bounded, in order, and a partition's failure reported as before."""
+"""The partition pipeline (run/partition_pipeline.py) and the executors that run it:
+prepared ahead of the encoder, the same store as the sequential path, bit for bit, and the
+same vectors as plain `transformers`; bounded, in order, one write in flight, and a
+partition's failure reported as before."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -17,83 +19,154 @@ import pytest
 import torch
 
 import pipeline
-from pipeline.errors import PartitionError
+from pipeline.errors import InputError, PartitionError
 from pipeline.extract.partition import Extractor
-from pipeline.run.ahead import prepared_ahead
-from pipeline.run.executors import InProcessExecutor, prepare_depth
+from pipeline.extract.source import Partition
+from pipeline.run.executors import InProcessExecutor
+from pipeline.run.partition_pipeline import (
+    Failed,
+    Failures,
+    PartitionOutcome,
+    PartitionPipeline,
+    Written,
+    prepare_depth,
+    report,
+)
 from pipeline.run.record import RunSummary
 from pipeline.run.runner import run_job
 from pipeline.spec import Job
+from pipeline.stores import Staging
+from pipeline.stores.lock import LockLostError
+from pipeline.stores.markers import PartitionMarker
 from tests.conftest import REVIEWS, job_dict
 
 CHUNK_TOKENS = 64  # small enough that some reviews and the long text make several chunks
 
 
-# ---- the bounded producer ------------------------------------------------------------
+# ---- the pipeline's lanes and bounds, on a stand-in extractor ---------------------------
+
+STATS = {"n_chunks": 1, "n_tokens": 1, "n_covered": 1, "n_encoded": 3, "n_unique": 1}
+
+
+class Stand:
+    """What the pipeline asks of an extractor and a staging area, logging each step with
+    its thread: `prepare` fails for the indices in `bad`; `finish` runs `batches` forward
+    passes of `seconds` each; `write_part` takes `write_s`."""
+
+    def __init__(self, bad: tuple[int, ...] = (), batches: int = 1, seconds: float = 0.0,
+                 write_s: float = 0.0):
+        self.log: list[tuple[str, int, str]] = []
+        self.bad, self.batches, self.seconds, self.write_s = bad, batches, seconds, write_s
+        self.writing = 0
+        self.most_writing = 0
+        self.model = SimpleNamespace(device=torch.device("cpu"))
+        self.runtime = SimpleNamespace(name="torch", dtype="float32")
+        self.encoder = SimpleNamespace(on_batch=None)
+
+    def _note(self, step: str, index: int) -> None:
+        self.log.append((step, index, threading.current_thread().name))
+
+    def prepare(self, part: Partition, pad: bool = False) -> Any:
+        self._note("prepare", part.index)
+        if part.index in self.bad:
+            raise ValueError(f"partition {part.index} is unreadable")
+        return SimpleNamespace(part=part)
+
+    def finish(self, prepared: Any) -> Any:
+        for k in range(self.batches):
+            time.sleep(self.seconds)
+            self.encoder.on_batch(k + 1, self.batches)
+        self._note("encoded", prepared.part.index)
+        return SimpleNamespace(docs=pa.table({"row": [prepared.part.index]}), chunks=None,
+                               tokens=None, stats=STATS)
+
+    def write_part(self, marker: Any, tables: dict[str, Any]) -> Any:
+        self.writing += 1
+        self.most_writing = max(self.most_writing, self.writing)
+        time.sleep(self.write_s)
+        self._note("written", marker.index)
+        self.writing -= 1
+        return marker
+
+
+def _parts(n: int) -> list[Partition]:
+    return [Partition(i, "in.parquet", 10 * i, 10 * i + 10, 0) for i in range(n)]
+
+
+def _run(stand: Stand, depth: int, n: int) -> list[PartitionOutcome]:
+    pipeline = PartitionPipeline(cast(Extractor, stand), depth)
+    try:
+        futures = [pipeline.submit(p, cast(Staging, stand), "fp") for p in _parts(n)]
+        return [f.result() for f in futures]
+    finally:
+        pipeline.close()
+
 
 @pytest.mark.parametrize("depth", [0, 1, 3])
-def test_items_come_back_in_order_never_more_than_depth_ahead(depth: int) -> None:
-    taken = 0
-    lead: list[int] = []  # at each prepare: how far ahead of the caller's item it is
-    threads: set[str] = set()
-
-    def prepare(i: int) -> int:
-        lead.append(i - taken)
-        threads.add(threading.current_thread().name)
-        time.sleep(0.002)
-        return i * i
-
-    got = []
-    for prepared in prepared_ahead(range(12), prepare, depth):
-        got.append(prepared.get())
-        time.sleep(0.01)  # the caller is the slower side: the producer runs into its bound
-        taken += 1
-    assert got == [i * i for i in range(12)]
+def test_partitions_are_prepared_in_order_never_more_than_depth_ahead(depth: int) -> None:
+    stand = Stand(seconds=0.01)  # the encoder is the slower side: the look-ahead fills up
+    outcomes = _run(stand, depth, 12)
+    assert [o.marker.index for o in outcomes if isinstance(o, Written)] == list(range(12))
+    assert outcomes[5].marker.rows == (50, 60) and outcomes[5].marker.fingerprint == "fp"
+    steps = {step: [i for s, i, _ in stand.log if s == step]
+             for step in ("prepare", "encoded", "written")}
+    assert steps == {step: list(range(12)) for step in steps}
+    lead, encoded = [], 0  # at each prepare: partitions ahead of the one the encoder holds
+    for step, index, _ in stand.log:
+        encoded += step == "encoded"
+        if step == "prepare":
+            lead.append(index - encoded)
     assert max(lead) == depth  # reached, never passed
-    assert threads == ({threading.current_thread().name} if depth == 0 else
-                       {"bertpipe-prepare"})
+    preparers = {thread for step, _, thread in stand.log if step == "prepare"}
+    encoders = {thread for step, _, thread in stand.log if step == "encoded"}
+    assert len(encoders) == 1 and encoders != {threading.current_thread().name}
+    assert preparers == (encoders if depth == 0 else preparers - encoders)
 
 
-def test_a_failed_item_is_its_own_outcome_and_the_rest_go_on() -> None:
-    def prepare(i: int) -> int:
-        if i == 2:
-            raise ValueError(f"item {i} is bad")
-        return i
-
-    outcomes = list(prepared_ahead(range(5), prepare, 2))
-    assert [p.item for p in outcomes] == list(range(5))
-    with pytest.raises(ValueError, match="^item 2 is bad$"):
-        outcomes[2].get()
-    assert [p.get() for p in outcomes if p.item != 2] == [0, 1, 3, 4]
+def test_one_write_in_flight_in_submission_order() -> None:
+    stand = Stand(write_s=0.02)  # the writer is the slower side
+    _run(stand, 1, 6)
+    assert stand.most_writing == 1
+    assert [i for step, i, _ in stand.log if step == "written"] == list(range(6))
 
 
-def test_stopping_early_stops_the_thread() -> None:
-    prepared: list[int] = []
-
-    def prepare(i: int) -> int:
-        prepared.append(i)
-        return i
-
-    items = prepared_ahead(range(100), prepare, 2)
-    assert next(items).get() == 0
-    items.close()
-    assert not any(t.name == "bertpipe-prepare" for t in threading.enumerate())
-    assert len(prepared) <= 1 + 2  # the caller's item and at most `depth` ahead of it
+@pytest.mark.parametrize("depth", [0, 1])
+def test_a_failed_partition_is_its_own_outcome_and_the_rest_go_on(depth: int) -> None:
+    outcomes = _run(Stand(bad=(2,)), depth, 5)
+    failed = outcomes[2]
+    assert isinstance(failed, Failed) and failed.part.index == 2
+    assert isinstance(failed.error, ValueError)
+    assert str(failed.error) == "partition 2 is unreadable"
+    assert [o.part.index for o in outcomes if isinstance(o, Written)] == [0, 1, 3, 4]
 
 
-def test_a_crash_of_the_thread_itself_reaches_the_caller() -> None:
-    def items() -> Iterator[int]:
-        yield 0
-        raise RuntimeError("the listing broke")
+def test_closing_stops_an_encoding_at_its_next_batch_and_writes_nothing_more() -> None:
+    stand = Stand(batches=50, seconds=0.01)
+    pipeline = PartitionPipeline(cast(Extractor, stand), 1)
+    futures = [pipeline.submit(p, cast(Staging, stand), "fp") for p in _parts(2)]
+    while not stand.log:  # the first partition is on its way
+        time.sleep(0.001)
+    pipeline.close()
+    assert not any(t.name.startswith("bertpipe-") for t in threading.enumerate())
+    assert not [step for step, _, _ in stand.log if step in ("encoded", "written")]
+    assert all(isinstance(f.result(), Failed) for f in futures if not f.cancelled())
 
-    class Listed(list[int]):  # a sequence whose iteration fails after its first item
-        def __iter__(self) -> Iterator[int]:
-            return items()
 
-    outcomes = prepared_ahead(Listed([0, 1]), lambda i: i, 1)
-    assert next(outcomes).get() == 0
-    with pytest.raises(RuntimeError, match="the listing broke"):
-        next(outcomes)
+def test_outcomes_are_reported_alike_for_every_executor() -> None:
+    part = _parts(1)[0]
+    marker = cast(PartitionMarker, "the marker")
+    done: list[tuple[Partition, PartitionMarker]] = []
+    failures: Failures = []
+    report(Written(part, marker), lambda p, m: done.append((p, m)), failures)
+    report(Failed(part, OSError("the disk went away\nwith a second line")), done.append,
+           failures)
+    report(Failed(part, InputError("input.path: no such file")), done.append, failures)
+    assert done == [(part, marker)]
+    assert [(p, type(e), str(e)) for p, e in failures] == [
+        (part, PartitionError, "OSError: the disk went away"),
+        (part, InputError, "input.path: no such file")]
+    with pytest.raises(LockLostError):
+        report(Failed(part, LockLostError("another run took the lock")), done.append, failures)
 
 
 # ---- the executor, on the real model ---------------------------------------------------

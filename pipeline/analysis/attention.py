@@ -27,13 +27,11 @@ state k the output of transformer block k, so the attention inside block k is la
 
 from __future__ import annotations
 
-import json
 import math
 import string
 import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,17 +42,10 @@ from ..extract.chunking import ChunkedPartition, Specials, chunk_partition, cont
 from ..extract.model import LoadedModel, load_model
 from ..extract.source import list_files, open_input, read_text
 from ..spec import InputSpec, Job
-from .page import counted, model_name
+from .attention_page import STATISTICS, HeadSummary, RowAttention
+from .page import model_name
 from .rows import count_rows, read_texts, sample_rows
 
-STATISTICS = ("entropy", "distance", "cls", "sep", "punct")
-STAT_TITLES = {
-    "entropy": "mean entropy (nats)",
-    "distance": "mean attention distance (tokens)",
-    "cls": "share of attention on [CLS] (prefix specials)",
-    "sep": "share of attention on [SEP] (suffix specials)",
-    "punct": "share of attention on punctuation",
-}
 WORD_PIECE_MARKERS = ("##", "Ġ", "▁")  # WordPiece continuation, byte-level BPE, SentencePiece
 
 
@@ -199,37 +190,6 @@ class EagerAttention:
 
 # ---- one row ---------------------------------------------------------------------------
 
-@dataclass
-class RowAttention:
-    row: int
-    row_id: str
-    chunk: int
-    n_chunks: int
-    span: tuple[int, int]  # characters of the row's text in this chunk
-    token_ids: list[int]
-    tokens: list[str]
-    layers: list[int]  # 1-based: layer k is transformer block k
-    heads: list[int]
-    attentions: np.ndarray  # (layers, heads, T, T) float32, rows = queries
-    model: str  # the model's name, not its path (see page.model_name)
-    n_layers: int = 0  # of the model (0: unknown)
-
-    def save(self, out_dir: str | Path) -> dict[str, Path]:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        paths = {"npz": out / "attention.npz", "html": out / "attention.html"}
-        np.savez_compressed(paths["npz"], attentions=self.attentions,
-                            tokens=np.asarray(self.tokens, dtype=str),
-                            token_ids=np.asarray(self.token_ids, np.int64),
-                            layers=np.asarray(self.layers, np.int64),
-                            heads=np.asarray(self.heads, np.int64),
-                            span=np.asarray(self.span, np.int64))
-        from .attention_page import render_row_html  # why here: that module imports this one
-
-        paths["html"].write_text(render_row_html(self), encoding="utf-8")
-        return paths
-
-
 def attention_for_row(job: Job, wanted_id: str, layers: str | None = None,
                       heads: str | None = None, chunk: int = 0,
                       model: EagerAttention | None = None) -> RowAttention:
@@ -338,63 +298,6 @@ class HeadStatistics:
     @property
     def uniform_distance(self) -> float:
         return self.uniform_distance_sum / max(self.n_queries, 1)
-
-
-@dataclass
-class HeadSummary:
-    model: str
-    layers: list[int]
-    heads: list[int]
-    rows: list[int]  # sampled rows that had text
-    n_sampled: int
-    n_empty: int
-    n_queries: int
-    uniform_entropy: float
-    uniform_distance: float
-    statistics: dict[str, np.ndarray]  # name -> (len(layers), len(heads))
-    n_layers: int = 0  # of the model (0: unknown)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model, "layers": self.layers, "heads": self.heads,
-            "rows": self.rows, "n_sampled": self.n_sampled, "n_empty": self.n_empty,
-            "n_queries": self.n_queries, "uniform_entropy": self.uniform_entropy,
-            "uniform_distance": self.uniform_distance,
-            "definitions": STAT_TITLES,
-            "statistics": {k: v.tolist() for k, v in self.statistics.items()},
-        }
-
-    def table(self) -> str:
-        lines = [f"attention summary of {self.model}: first chunk of "
-                 f"{counted(len(self.rows), 'sampled row')} ({self.n_empty} of "
-                 f"{counted(self.n_sampled, 'sampled row')} empty), "
-                 f"{counted(self.n_queries, 'query token')}; uniform attention would have "
-                 f"entropy {self.uniform_entropy:.2f} and distance {self.uniform_distance:.2f}",
-                 "layer k = the attention inside transformer block k (hidden state 0 is the "
-                 "embeddings); heads from 0"]
-        for name in STATISTICS:
-            values = self.statistics[name]
-            fmt = f"{{:>6.{_decimals(name)}f}}"
-            lines.append("")
-            lines.append(STAT_TITLES[name])
-            lines.append("layer " + "".join(f"{'h' + str(h):>7}" for h in self.heads))
-            for li, layer in enumerate(self.layers):
-                lines.append(f"{layer:>5} " + "".join(" " + fmt.format(v) for v in values[li]))
-        return "\n".join(lines)
-
-    def save(self, out_dir: str | Path) -> dict[str, Path]:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        paths = {"json": out / "attention-summary.json", "html": out / "attention-summary.html"}
-        paths["json"].write_text(json.dumps(self.to_dict(), indent=1))
-        from .attention_page import render_summary_html  # it imports this module
-
-        paths["html"].write_text(render_summary_html(self), encoding="utf-8")
-        return paths
-
-
-def _decimals(statistic: str) -> int:
-    return 2 if statistic in ("entropy", "distance") else 3
 
 
 def summarize_heads(job: Job, sample: int = 100, seed: int = 0, layers: str | None = None,

@@ -1,5 +1,8 @@
-"""The attention pages: one row's maps (`attention.html`) and the head summary
-(`attention-summary.html`), each one self-contained file.
+"""What `bertpipe attention` writes: one row's maps (`RowAttention`: `attention.npz` and
+`attention.html`) and the head summary (`HeadSummary`: `attention-summary.json` and
+`attention-summary.html`), each page one self-contained file. `attention.py` computes
+them; the records live here, with their pages, so that the pages read them without
+importing the code that runs the model.
 
 The row page carries the weights as data (uint16 steps of 1/65535, base64, inline) and a
 small hand-written script draws them: a layer × head picker of thumbnails, the chosen map
@@ -14,15 +17,15 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .page import counted, json_script
-
-if TYPE_CHECKING:
-    from .attention import HeadSummary, RowAttention
 
 LOW = np.array([255.0, 255.0, 255.0])  # white at the bottom of a scale
 HIGH = np.array([8.0, 48.0, 107.0])  # dark blue at its top
@@ -31,6 +34,110 @@ LAYER_NOTE = ("Layer k is the attention inside transformer block k (k = 1..{n});
               "is hidden state k, as in every bertpipe view and probe. Hidden state 0, the "
               "embeddings, has no attention. Heads are numbered from 0.")
 
+
+# ---- the results: one row's maps, the heads' summary, and their files ---------------
+
+# what attention.HeadStatistics measures per head (its module docstring has the formulas),
+# in the order every table and page shows them
+STATISTICS = ("entropy", "distance", "cls", "sep", "punct")
+STAT_TITLES = {
+    "entropy": "mean entropy (nats)",
+    "distance": "mean attention distance (tokens)",
+    "cls": "share of attention on [CLS] (prefix specials)",
+    "sep": "share of attention on [SEP] (suffix specials)",
+    "punct": "share of attention on punctuation",
+}
+
+
+@dataclass
+class RowAttention:
+    """One row's chunk: its tokens and the attention maps of the chosen layers and heads."""
+
+    row: int
+    row_id: str
+    chunk: int
+    n_chunks: int
+    span: tuple[int, int]  # characters of the row's text in this chunk
+    token_ids: list[int]
+    tokens: list[str]
+    layers: list[int]  # 1-based: layer k is transformer block k
+    heads: list[int]
+    attentions: np.ndarray  # (layers, heads, T, T) float32, rows = queries
+    model: str  # the model's name, not its path (see page.model_name)
+    n_layers: int = 0  # of the model (0: unknown)
+
+    def save(self, out_dir: str | Path) -> dict[str, Path]:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {"npz": out / "attention.npz", "html": out / "attention.html"}
+        np.savez_compressed(paths["npz"], attentions=self.attentions,
+                            tokens=np.asarray(self.tokens, dtype=str),
+                            token_ids=np.asarray(self.token_ids, np.int64),
+                            layers=np.asarray(self.layers, np.int64),
+                            heads=np.asarray(self.heads, np.int64),
+                            span=np.asarray(self.span, np.int64))
+        paths["html"].write_text(render_row_html(self), encoding="utf-8")
+        return paths
+
+
+@dataclass
+class HeadSummary:
+    """Each statistic per (layer, head), a mean over the sampled rows' query tokens."""
+
+    model: str
+    layers: list[int]
+    heads: list[int]
+    rows: list[int]  # sampled rows that had text
+    n_sampled: int
+    n_empty: int
+    n_queries: int
+    uniform_entropy: float
+    uniform_distance: float
+    statistics: dict[str, np.ndarray]  # name -> (len(layers), len(heads))
+    n_layers: int = 0  # of the model (0: unknown)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "layers": self.layers, "heads": self.heads,
+            "rows": self.rows, "n_sampled": self.n_sampled, "n_empty": self.n_empty,
+            "n_queries": self.n_queries, "uniform_entropy": self.uniform_entropy,
+            "uniform_distance": self.uniform_distance,
+            "definitions": STAT_TITLES,
+            "statistics": {k: v.tolist() for k, v in self.statistics.items()},
+        }
+
+    def table(self) -> str:
+        lines = [f"attention summary of {self.model}: first chunk of "
+                 f"{counted(len(self.rows), 'sampled row')} ({self.n_empty} of "
+                 f"{counted(self.n_sampled, 'sampled row')} empty), "
+                 f"{counted(self.n_queries, 'query token')}; uniform attention would have "
+                 f"entropy {self.uniform_entropy:.2f} and distance {self.uniform_distance:.2f}",
+                 "layer k = the attention inside transformer block k (hidden state 0 is the "
+                 "embeddings); heads from 0"]
+        for name in STATISTICS:
+            values = self.statistics[name]
+            fmt = f"{{:>6.{_decimals(name)}f}}"
+            lines.append("")
+            lines.append(STAT_TITLES[name])
+            lines.append("layer " + "".join(f"{'h' + str(h):>7}" for h in self.heads))
+            for li, layer in enumerate(self.layers):
+                lines.append(f"{layer:>5} " + "".join(" " + fmt.format(v) for v in values[li]))
+        return "\n".join(lines)
+
+    def save(self, out_dir: str | Path) -> dict[str, Path]:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = {"json": out / "attention-summary.json", "html": out / "attention-summary.html"}
+        paths["json"].write_text(json.dumps(self.to_dict(), indent=1))
+        paths["html"].write_text(render_summary_html(self), encoding="utf-8")
+        return paths
+
+
+def _decimals(statistic: str) -> int:
+    return 2 if statistic in ("entropy", "distance") else 3
+
+
+# ---- colours ------------------------------------------------------------------------
 
 def colours(values: np.ndarray, low: float, high: float) -> np.ndarray:
     """Linear white → dark blue over [low, high]; uint8 (..., 3)."""
@@ -554,8 +661,6 @@ STAT_UNITS = {"entropy": " nats", "distance": " tokens", "cls": "", "sep": "", "
 
 
 def render_summary_html(s: HeadSummary) -> str:
-    from .attention import STAT_TITLES, STATISTICS, _decimals
-
     n_layers = s.n_layers or max(s.layers, default=0)
     references = {"entropy": f"uniform attention: {s.uniform_entropy:.2f} nats",
                   "distance": f"uniform attention: {s.uniform_distance:.2f} tokens",

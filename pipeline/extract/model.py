@@ -31,7 +31,7 @@ from .modelfiles import (
     load_config,
     model_shape,
 )
-from .runtime_choice import cpu_has_bf16
+from .runtime_choice import cpu_has_bf16, resolve_device
 
 
 @dataclass
@@ -128,15 +128,7 @@ def load_weights(spec: ModelSpec) -> tuple[torch.nn.Module, set[str]]:
     return module, {k for k in missing if k.startswith("pooler.")}
 
 
-# ---- device, dtype, positions -------------------------------------------------------
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ModelError("model.device: cuda requested but no CUDA device is available")
-    return torch.device(name)
-
+# ---- dtype, positions -------------------------------------------------------
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "float32":

@@ -10,10 +10,13 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelError
 from ..spec import ModelSpec
+
+if TYPE_CHECKING:  # torch is imported where a device is resolved
+    import torch
 
 CACHE_ENV = "BERTPIPE_CACHE_DIR"
 
@@ -46,9 +49,19 @@ def device_type(name: str) -> str:
     CPU without importing torch (seconds, in a process that may encode nothing itself)."""
     if name == "cpu" or (name == "auto" and sys.platform == "linux" and not gpu_device_nodes()):
         return "cpu"
-    from .model import resolve_device  # why here: it asks torch, which takes seconds to import
-
     return resolve_device(name).type
+
+
+def resolve_device(name: str) -> torch.device:
+    """The torch device `model.device` names: `auto` is CUDA where torch finds it; a
+    ModelError for cuda where there is none."""
+    import torch  # why here: it takes seconds to import, and `device_type` rarely asks
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ModelError("model.device: cuda requested but no CUDA device is available")
+    return torch.device(name)
 
 
 def choose_runtime(spec: ModelSpec, config: Any) -> str:

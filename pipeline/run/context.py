@@ -27,8 +27,9 @@ from ..spec import Job
 from ..stores import Staging
 from ..stores.markers import PartitionMarker
 from ..stores.provenance import InputFile, RuntimeChoice
-from .executors import Executor, Failures, OnDone
+from .executors import Executor
 from .output import OutputSession
+from .partition_pipeline import Failures, OnDone
 from .record import OnPlan, RunSummary, collect, now_iso
 
 log = logging.getLogger(__name__)

@@ -6,11 +6,14 @@ OMP_NUM_THREADS), and writes its partitions straight into the store's staging ar
 only submits, watches and commits. A partition is one task with `retries`; a worker
 killed mid-task has its task rerun elsewhere, which writes the same bits.
 
-A task reports a bertpipe error as a value, not by raising: such errors are deterministic
-(retrying cannot help) and are reported like the in-process executor does, the model's
-errors as themselves and a partition's as that partition's failure, with no worker
-traceback. A remote scheduler is reached when the executor is entered, before the store is
-touched; one that cannot be reached is a `SchedulerError` (exit 7).
+A task returns its partition's outcome (partition_pipeline's `Written` or `Failed`, or
+`ModelUnusable`): a bertpipe error comes back as a value, not raised, since such errors
+are deterministic (retrying cannot help), and the client reports it as the in-process
+executor does (partition_pipeline.report), the model's errors as themselves and a
+partition's as that partition's failure, with no worker traceback; any other error is
+raised in the task, which Dask retries. A remote scheduler is reached when the executor
+is entered, before the store is touched; one that cannot be reached is a `SchedulerError`
+(exit 7).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, cast
 
@@ -34,18 +38,16 @@ from ..io.location import register_options
 from ..spec import Job
 from ..stores import Staging
 from ..stores.lock import Fence, LockLostError
-from .executors import (
-    Encoded,
+from .partition_pipeline import (
+    Failed,
     Failures,
     OnBatch,
     OnDone,
-    Ready,
-    encode_partition,
-    encode_prepared,
+    PartitionOutcome,
+    PartitionPipeline,
     failure_reason,
     prepare_depth,
-    prepare_partition,
-    stage_partition,
+    report,
 )
 
 log = logging.getLogger(__name__)
@@ -54,28 +56,24 @@ PROGRESS_TOPIC = "bertpipe-progress"
 # the task ends, seceded or not: a whole GPU per task would keep the next partition from
 # starting until this one is written, so neither the write nor the preparing could overlap
 # the encoder. A quarter lets a worker offering GPU=1 run the tasks its plugin pipelines
-# (one writing, one encoding, one prepared ahead, one waiting for a slot); the plugin's one
+# (one writing, one encoding, one prepared ahead, one waiting for room); the plugin's one
 # encoder thread still runs one forward pass at a time. (A power of two: the worker's
 # running sum of its free resources stays exact.)
 GPU_SHARE = 0.25
 
 
 class ExtractorPlugin(WorkerPlugin):
-    """Holds the job's model on each worker, loaded once; tasks find it by name.
+    """Holds the job's model on each worker, loaded once, and the partition pipeline that
+    runs it (partition_pipeline.py); tasks find it by name.
 
-    The model is loaded and run in one thread of the plugin's own, for the worker's life,
-    one partition at a time: not in `setup` (the worker's event-loop thread), and not in
-    whichever pool thread runs a task, because OpenMP keeps one thread team per calling
-    thread and an idle team spinning in another thread costs ~15% on a 2-core machine.
-    Once a partition is encoded its task secedes from the worker's pool and writes it to
-    the store, so the next partition encodes while this one uploads (one write in flight
-    per worker: memory stays bounded by two partitions).
-
-    Where the encoder runs on a device (executors.prepare_depth), a task secedes as soon
-    as it starts instead, and a third thread of the plugin's reads, tokenizes and batches
-    its partition while the encoder runs the previous one: the worker then holds at most
-    one partition writing, one encoding and one prepared ahead (the slots below; a task
-    waiting for a slot holds the worker's thread, so no further task starts).
+    The model is loaded and run in one thread of the plugin's own, for the worker's life:
+    not in `setup` (the worker's event-loop thread), and not in whichever pool thread runs
+    a task, because OpenMP keeps one thread team per calling thread and an idle team
+    spinning in another thread costs ~15% on a 2-core machine. That thread is the
+    pipeline's encoder lane. A task submits its partition, which waits in the worker's
+    thread until the pipeline has room (so no further task starts), then secedes from the
+    worker's pool: the worker starts the next partition's task while this one is prepared,
+    encoded and written, and the task returns its outcome.
     """
 
     def __init__(self, job: Job, name: str, torch_threads: int | None):
@@ -83,12 +81,9 @@ class ExtractorPlugin(WorkerPlugin):
         self.name = name
         self.torch_threads = torch_threads
         self.threads = 1
-        # made in setup and on first use: the plugin is pickled
+        # made in setup and by the first task: the plugin is pickled
         self.encoder: ThreadPoolExecutor | None = None
-        self.preparer: ThreadPoolExecutor | None = None
-        self.writing: threading.Semaphore | None = None
-        self.slots: threading.Semaphore | None = None  # encoding + prepared ahead
-        self.depth = 0  # partitions prepared ahead of the encoder's (set with the model)
+        self.pipeline: PartitionPipeline | None = None
         self._extractor: Any = None
 
     def setup(self, worker: Any) -> None:
@@ -100,22 +95,21 @@ class ExtractorPlugin(WorkerPlugin):
         log.debug("worker %s: %d encoder threads (%s)", worker.name, self.threads,
                   allotment.describe())
         self.encoder = ThreadPoolExecutor(1, thread_name_prefix="bertpipe-encode")
-        self.preparer = ThreadPoolExecutor(1, thread_name_prefix="bertpipe-prepare")
-        self.writing = threading.Semaphore(1)
 
     def teardown(self, worker: Any) -> None:
         self._extractor = None
-        for pool in (self.encoder, self.preparer):
-            if pool is not None:
-                pool.shutdown(wait=False)
+        if self.pipeline is not None:
+            self.pipeline.close(wait=False)
+        elif self.encoder is not None:
+            self.encoder.shutdown(wait=False)
 
     def run(self, part: Partition, store_path: str, fingerprint: str, fence: Fence | None
-            ) -> dict[str, Any]:
-        """{"marker": ...}, or {"setup_error": exc} when the model cannot serve the job, or
-        {"error": exc} when this partition cannot be done (see the module docstring)."""
-        from distributed import get_worker
+            ) -> PartitionOutcome | ModelUnusable:
+        """The partition's outcome, or ModelUnusable when the model cannot serve the job;
+        a failure other than a bertpipe error is raised, so that Dask retries the task."""
+        from distributed import get_worker, secede
 
-        assert self.encoder is not None and self.writing is not None  # set in setup
+        assert self.encoder is not None  # set in setup
         worker = get_worker()  # captured here: the encoder thread is not a task thread
 
         def publish_batches(part: Partition, done: int, total: int) -> None:
@@ -123,99 +117,48 @@ class ExtractorPlugin(WorkerPlugin):
             worker.log_event(PROGRESS_TOPIC, {"index": part.index, "done": done, "total": total})
 
         try:
-            if self._extractor is None:  # the first task: the model, in the encoder thread
-                self.encoder.submit(self._load).result()
+            pipeline = self.pipeline or self.encoder.submit(self._load).result()
         except _ModelUnusable as exc:
-            return {"setup_error": exc.error}
-        if self.depth:
-            return self._run_ahead(part, Staging(store_path, fence=fence), fingerprint,
-                                   publish_batches)
-        return self._run_in_turn(part, Staging(store_path, fence=fence), fingerprint,
-                                 publish_batches)
+            return ModelUnusable(exc.error)
+        outcome = pipeline.submit(part, Staging(store_path, fence=fence), fingerprint,
+                                  publish_batches)
+        secede()  # the worker starts the next partition's task while this one runs
+        done = outcome.result()
+        if isinstance(done, Failed) and not isinstance(done.error, BertpipeError):
+            raise done.error  # not the job's doing (a lost connection): worth a retry
+        return done
 
-    def _run_in_turn(self, part: Partition, staging: Staging, fingerprint: str,
-                     on_batch: OnBatch) -> dict[str, Any]:
-        """Read, tokenize, encode in the encoder thread; then secede and write."""
-        from distributed import secede
-
-        assert self.encoder is not None and self.writing is not None
-        try:
-            encoded = self.encoder.submit(self._encode, part, fingerprint, on_batch).result()
-        except BertpipeError as exc:
-            return {"error": exc}
-        with self.writing:  # the previous partition's write first: one in flight
-            secede()  # this task leaves the pool: the next partition starts encoding
-            try:
-                return {"marker": stage_partition(staging, encoded)}
-            except BertpipeError as exc:
-                return {"error": exc}
-
-    def _run_ahead(self, part: Partition, staging: Staging, fingerprint: str,
-                   on_batch: OnBatch) -> dict[str, Any]:
-        """Secede at once, prepare in the preparing thread (while the encoder runs the
-        previous partition), encode in the encoder thread, then write."""
-        from distributed import secede
-
-        assert self.encoder is not None and self.preparer is not None
-        assert self.writing is not None and self.slots is not None
-        self.slots.acquire()  # waits in the worker's thread: no further task starts
-        secede()  # the worker starts the next partition's task, which prepares it meanwhile
-        try:
-            try:
-                ready = self.preparer.submit(prepare_partition, self._extractor, part,
-                                             True).result()
-                encoded = self.encoder.submit(self._encode_ready, ready, fingerprint,
-                                              on_batch).result()
-            except BertpipeError as exc:
-                return {"error": exc}
-            # the previous write first, before the slot goes: an encoded partition
-            # waiting to be written still counts against the bound
-            self.writing.acquire()
-        finally:
-            self.slots.release()
-        try:
-            return {"marker": stage_partition(staging, encoded)}
-        except BertpipeError as exc:
-            return {"error": exc}
-        finally:
-            self.writing.release()
-
-    def _load(self) -> None:
-        """In the encoder thread: the model, once; and how far ahead to prepare for it."""
+    def _load(self) -> PartitionPipeline:
+        """In the encoder thread: the model, once; and the pipeline around it, which
+        prepares ahead as far as the model's device calls for."""
         import torch
 
         # Nanny workers start with OMP_NUM_THREADS=1 and OpenMP's thread count is per
         # calling thread: set it in the thread that runs the forward passes.
         torch.set_num_threads(self.threads)
-        if self._extractor is not None:
-            return
+        if self.pipeline is not None:  # a second task asked while the first one loaded
+            return self.pipeline
         from ..extract.partition import Extractor  # on the worker: the client never encodes
 
         try:
             extractor = Extractor(self.job, threads=self.threads)
         except BertpipeError as exc:
             raise _ModelUnusable(exc) from None
-        self.depth = prepare_depth(extractor)
-        self.slots = threading.Semaphore(1 + self.depth)
         self._extractor = extractor
+        self.pipeline = PartitionPipeline(extractor, prepare_depth(extractor), self.encoder)
+        return self.pipeline
 
-    def _encode(self, part: Partition, fingerprint: str, on_batch: OnBatch) -> Encoded:
-        """In the encoder thread: the loaded model on `part`, read and prepared here."""
-        import torch
 
-        torch.set_num_threads(self.threads)
-        return encode_partition(self._extractor, part, fingerprint, on_batch)
+@dataclass(frozen=True)
+class ModelUnusable:
+    """A task's outcome when the worker cannot load the model for the job: every partition
+    would fail alike, so the run raises `error` as the in-process executor does."""
 
-    def _encode_ready(self, ready: Ready, fingerprint: str, on_batch: OnBatch) -> Encoded:
-        """In the encoder thread: the loaded model on a partition prepared ahead."""
-        import torch
-
-        torch.set_num_threads(self.threads)
-        return encode_prepared(self._extractor, ready, fingerprint, on_batch)
+    error: BertpipeError
 
 
 class _ModelUnusable(Exception):
-    """The model cannot serve the job: every partition would fail alike."""
+    """Raised in the encoder thread, caught by the task that asked for the model."""
 
     def __init__(self, error: BertpipeError):
         super().__init__(str(error))
@@ -223,7 +166,7 @@ class _ModelUnusable(Exception):
 
 
 def _partition_task(part: Partition, store_path: str, fingerprint: str, plugin: str,
-                    fence: Fence | None) -> dict[str, Any]:
+                    fence: Fence | None) -> PartitionOutcome | ModelUnusable:
     from distributed import get_worker
 
     state = cast(ExtractorPlugin, get_worker().plugins[plugin])
@@ -337,16 +280,14 @@ class DaskExecutor:
             except Exception as exc:  # noqa: BLE001 - reported per partition, not raised
                 failures.append((part, failure_reason(exc)))
                 continue
-            if "setup_error" in outcome:  # would fail every partition: as in-process
+            if isinstance(outcome, ModelUnusable):  # would fail every partition: raised,
+                client.cancel(list(futures))  # as in-process, where loading it raises
+                raise outcome.error
+            try:
+                report(outcome, on_done, failures)
+            except LockLostError:  # another run holds the store now: stop
                 client.cancel(list(futures))
-                raise outcome["setup_error"]
-            if isinstance(outcome.get("error"), LockLostError):
-                client.cancel(list(futures))  # another run holds the store now: stop
-                raise outcome["error"]
-            if "error" in outcome:
-                failures.append((part, failure_reason(outcome["error"])))
-                continue
-            on_done(part, outcome["marker"])
+                raise
         return failures
 
     @contextlib.contextmanager

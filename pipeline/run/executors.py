@@ -1,44 +1,38 @@
 """Executors run partitions and report each one's marker or failure.
 
-The unit of work is one partition, encoded and staged; an executor decides where it
-runs. Encoding and staging are two steps (`encode_partition`, `stage_partition`) so that
-an executor can write one partition to the store while it encodes the next: an object
-store's uploads then overlap the model's work. The Dask executor lives in
-`dask_executor` (slow to import).
+The unit of work is one partition, taken through the one partition pipeline
+(`partition_pipeline`: prepare, encode, write, with a bounded look-ahead and one write in
+flight); an executor decides where that runs. The Dask executor lives in `dask_executor`
+(slow to import).
 """
 
 from __future__ import annotations
 
 import logging
-import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import closing
-from dataclasses import dataclass
+from concurrent.futures import Future
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
-import pyarrow as pa
-
-from ..errors import BertpipeError, JobError, PartitionError
+from ..errors import JobError
 from ..extract.source import Partition
-from ..io.location import scrub
 from ..spec import Job
 from ..stores import Staging
-from ..stores.lock import LockLostError
-from ..stores.markers import PartitionMarker
-from .ahead import prepared_ahead
+from .partition_pipeline import (
+    Failures,
+    OnBatch,
+    OnDone,
+    PartitionOutcome,
+    PartitionPipeline,
+    prepare_depth,
+    report,
+)
 
 if TYPE_CHECKING:  # torch and transformers load only where this process encodes
-    from ..extract.partition import Extractor, PreparedPart
+    from ..extract.partition import Extractor
 
 log = logging.getLogger(__name__)
-
-# on_done(partition, marker) once per finished partition: progress and bookkeeping.
-# on_batch(partition, batches done, batches planned) after each forward pass: progress only.
-OnBatch = Callable[[Partition, int, int], None]
-OnDone = Callable[[Partition, PartitionMarker], None]
-Failures = list[tuple[Partition, BertpipeError]]
 
 
 class Executor(Protocol):
@@ -58,80 +52,12 @@ class Executor(Protocol):
             on_done: OnDone) -> Failures: ...
 
 
-@dataclass
-class Encoded:
-    """A partition's tables and its marker, encoded but not yet in the store."""
-
-    part: Partition
-    tables: dict[str, pa.Table | None]
-    marker: PartitionMarker  # its checksums set when the parts are written
-
-
-def encode_partition(extractor: Extractor, part: Partition, fingerprint: str,
-                     on_batch: OnBatch | None = None) -> Encoded:
-    """Read, chunk, encode and pool one partition (nothing written)."""
-    return encode_prepared(extractor, prepare_partition(extractor, part), fingerprint,
-                           on_batch)
-
-
-@dataclass
-class Ready:
-    """A partition prepared for the encoder, and the seconds that took."""
-
-    prepared: PreparedPart
-    seconds: float
-
-
-def prepare_partition(extractor: Extractor, part: Partition, pad: bool = False) -> Ready:
-    """Read, tokenize, chunk and batch one partition (padded too when `pad`): the CPU work
-    before the model, which may run on another thread (see `ahead`)."""
-    start = time.perf_counter()
-    prepared = extractor.prepare(part, pad)
-    return Ready(prepared, time.perf_counter() - start)
-
-
-def encode_prepared(extractor: Extractor, ready: Ready, fingerprint: str,
-                    on_batch: OnBatch | None = None) -> Encoded:
-    """Encode and pool a prepared partition (nothing written)."""
-    start = time.perf_counter()
-    part = ready.prepared.part
-    extractor.encoder.on_batch = (lambda done, total: on_batch(part, done, total)) \
-        if on_batch else None
-    tables = extractor.finish(ready.prepared)
-    stats = tables.stats
-    marker = PartitionMarker(
-        index=part.index, fingerprint=fingerprint, rows=(part.row_start, part.row_stop),
-        input=part.footer_sha256, n_chunks=stats["n_chunks"], n_tokens=stats["n_tokens"],
-        n_covered=stats["n_covered"], n_encoded=stats["n_encoded"], n_unique=stats["n_unique"],
-        n_stored_tokens=stats.get("n_stored_tokens", 0), device=str(extractor.model.device),
-        dtype=extractor.runtime.dtype, runtime=extractor.runtime.name,
-        # the partition's own work, preparing included wherever it ran
-        seconds=ready.seconds + time.perf_counter() - start)
-    return Encoded(part, {"docs": tables.docs, "chunks": tables.chunks,
-                                  "tokens": tables.tokens}, marker)
-
-
-def stage_partition(staging: Staging, encoded: Encoded) -> PartitionMarker:
-    """Write an encoded partition's parts, then its marker, into the store."""
-    return staging.write_part(encoded.marker, encoded.tables)
-
-
-def failure_reason(exc: BaseException) -> BertpipeError:
-    """A failed partition's error, the same whichever executor ran it: a domain error keeps
-    its class (so the run can tell an unreadable input from a reason to retry), anything
-    else becomes a PartitionError of one line; secrets scrubbed from both."""
-    if isinstance(exc, BertpipeError):
-        return type(exc)(scrub(str(exc)))
-    first = scrub((str(exc).strip().splitlines() or [""])[0])
-    return PartitionError(f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
-
-
 class InProcessExecutor:
-    """Everything in this process, one partition after another (`scheduler: synchronous`);
-    a partition is written to the store by a second thread while the next one encodes
-    (one write in flight), and, where the encoder runs on a device, the partition after it
-    is read, tokenized and batched by a third (`prepare_depth`). Memory stays bounded by
-    the partitions in those three stages."""
+    """Everything in this process (`scheduler: synchronous`): the partitions, in order,
+    through one partition pipeline, whose lanes are threads of this process (a partition
+    is written while the next one encodes, and prepared ahead where the encoder runs on a
+    device: `prepare_depth`). This thread submits them and reports each outcome, in
+    partition order, as it comes."""
 
     def __init__(self, extractor: Extractor | None = None, on_batch: OnBatch | None = None,
                  ahead: int | None = None):
@@ -155,51 +81,20 @@ class InProcessExecutor:
         from ..extract.partition import Extractor
 
         extractor = self.extractor or Extractor(job)
-        failures: Failures = []
-        writing: tuple[Partition, Future[PartitionMarker]] | None = None
-
-        def finish() -> None:
-            if writing is None:
-                return
-            part, future = writing
-            try:
-                marker = future.result()
-            except LockLostError:
-                raise  # another run holds the store now: stop, write nothing more
-            except Exception as exc:  # noqa: BLE001 - reported per partition, as Dask does
-                failures.append((part, failure_reason(exc)))
-                return
-            on_done(part, marker)
-
         depth = self.ahead if self.ahead is not None else prepare_depth(extractor)
-        # padded ahead too when prepared ahead: the encoder's thread only copies and runs
-        prepared = prepared_ahead(parts, lambda p: prepare_partition(extractor, p, depth > 0),
-                                  depth)
-        with ThreadPoolExecutor(1, thread_name_prefix="bertpipe-write") as writer, \
-                closing(prepared):
-            for ready in prepared:
-                part = ready.item
-                try:
-                    encoded = encode_prepared(extractor, ready.get(), fingerprint,
-                                              self.on_batch)
-                except Exception as exc:  # noqa: BLE001 - reported per partition
-                    failures.append((part, failure_reason(exc)))
-                    continue
-                finish()  # the previous write: at most one in flight
-                writing = (part, writer.submit(stage_partition, staging, encoded))
-            finish()
+        pipeline = PartitionPipeline(extractor, depth)
+        failures: Failures = []
+        try:
+            pending: deque[Future[PartitionOutcome]] = deque()
+            for part in parts:
+                pending.append(pipeline.submit(part, staging, fingerprint, self.on_batch))
+                while pending and pending[0].done():  # what finished meanwhile, in partition order
+                    report(pending.popleft().result(), on_done, failures)
+            for outcome in pending:
+                report(outcome.result(), on_done, failures)
+        finally:
+            pipeline.close()  # at once on an error: an encoding stops at its next batch
         return failures
-
-
-def prepare_depth(extractor: Extractor) -> int:
-    """Partitions to prepare ahead of the encoder: one where it runs on a device (its
-    thread mostly waits for the device, so the CPU is free to tokenize the next one; on a
-    1-thread allotment too, where the preparing thread shares that CPU with a thread that
-    mostly waits: `make bench-feed` measures both). None on the CPU: there the encoder
-    uses every thread it was allotted (extract/threads.py), and preparing is under 1% of
-    its work (the fast tokenizer does ~300k tokens per CPU-second, a CPU encoder of
-    MiniLM 1.4k-2.6k, docs/results.md), so a thread beside it would only take its cores."""
-    return 0 if extractor.model.device.type == "cpu" else 1
 
 
 def executor_for(job: Job, say: Callable[[str], None] = log.info,

@@ -54,8 +54,9 @@ from .assemble import (
 from .checks import check_compatible
 from .compare import Changes, StoreRows, compare
 from .context import PartitionWork, RunContext, run_partitions, with_choice
-from .executors import Executor, OnDone, executor_for
+from .executors import Executor, executor_for
 from .output import OutputSession
+from .partition_pipeline import OnDone
 from .record import (
     OnPlan,
     RunSummary,

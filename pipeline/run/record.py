@@ -21,7 +21,7 @@ from ..stores.provenance import (
     identity_sha256,
 )
 from ..version import __version__
-from .executors import OnDone
+from .partition_pipeline import OnDone
 
 # on_plan(all partitions, pending partitions) once after planning: progress reporting.
 OnPlan = Callable[[Sequence[Partition], Sequence[Partition]], None]

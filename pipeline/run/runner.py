@@ -35,9 +35,10 @@ from .context import (
     run_partitions,
     with_choice,
 )
-from .executors import Executor, InProcessExecutor, OnDone, executor_for
+from .executors import Executor, InProcessExecutor, executor_for
 from .incremental import run_incremental
 from .output import OutputSession, Plan, assess
+from .partition_pipeline import OnDone
 from .record import OnPlan, RunSummary, build_provenance, run_record
 
 log = logging.getLogger(__name__)
