@@ -75,22 +75,26 @@ def test_a_resume_counts_only_what_it_encoded(tmp_path: Path, tiny_bert: Path,
     from pipeline.run import runner
     from pipeline.spec import Job
 
-    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr")
+    job = job_dict(small_texts, tiny_bert, tmp_path / "o.zarr",
+                   execution={"scheduler": "synchronous", "partition_rows": 2})
     first = Job.from_dict(job)
 
     class Stop(Exception):
         pass
 
     def stop_after_first(part: object, marker: object) -> None:
-        raise Stop  # the first partition's marker is written; the run dies before the second
+        raise Stop  # the first partition's marker is written; the run dies soon after
 
     try:
         runner.run_job(first, on_done=stop_after_first)
     except Stop:
         pass
+    # a partition already on its way when the run died (its write in flight) may be done too
+    done = len(list((tmp_path / "o.zarr").glob("_bertpipe/parts/*.done.json")))
     code, summary = _extract(tmp_path, job)
-    assert code == 0 and summary["partitions"]["skipped"] == 1
-    assert summary["partitions"]["run"] == 1
+    parts = summary["partitions"]
+    assert code == 0 and parts["skipped"] == done and 1 <= done < parts["total"], summary
+    assert parts["run"] == parts["total"] - done
     assert 0 < summary["tokens_encoded_this_run"] < summary["tokens"]
 
 
