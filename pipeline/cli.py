@@ -35,8 +35,12 @@ def _user_errors(fn: F) -> F:
                     return fn(*args, **kwargs)
             return fn(*args, **kwargs)
         except BertpipeError as exc:
-            click.echo(f"error: {_scrubbed(str(exc))}", err=True)
-            sys.exit(exc.exit_code)
+            code, message = exc.exit_code, str(exc)
+        # why outside the except block: exiting inside it would keep the error's frames
+        # (open stores, Icechunk sessions) alive into interpreter shutdown, where dropping
+        # Icechunk's native objects can abort the process after its one line was printed
+        click.echo(f"error: {_scrubbed(message)}", err=True)
+        sys.exit(code)
 
     return wrapper  # type: ignore[return-value]
 
@@ -56,6 +60,18 @@ class OneLineGroup(click.Group):
         """Every command takes -q/-v after its name too, last in its --help."""
         cmd.params.extend(verbosity_options())
         super().add_command(cmd, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """As the `bertpipe` program: its exit handlers run and its output flushed, the
+        process leaves without the interpreter's teardown. Icechunk's native threads outlive a
+        command that ended soon after it opened a repository (a refusal on open), and the
+        teardown then aborted the process now and then (SIGABRT, SIGBUS) after its one line
+        was printed. (Tests call `main`, not the program, and keep the teardown.)"""
+        try:
+            return self.main(*args, **kwargs)
+        except SystemExit as exc:
+            code = exc.code
+        _leave(code if isinstance(code, int) else 0 if code is None else 1)
 
     def main(self, args: Any = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
@@ -77,6 +93,19 @@ class OneLineGroup(click.Group):
             click.echo("error: aborted", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _leave(code: int) -> None:
+    """End the program with `code` once everything it wrote is out and every exit handler
+    has run (logging's, zarr's, a plugin's): only the interpreter's teardown of its
+    objects is skipped (see OneLineGroup)."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nothing more to say there
+            stream.flush()
+    os._exit(code)
 
 
 # Every exit code, for `bertpipe --help` (docs/exit-codes.md has the same table).

@@ -607,7 +607,8 @@ def test_no_command_over_a_damaged_icechunk_store_ends_in_a_signal_or_a_tracebac
     from concurrent.futures import ThreadPoolExecutor
 
     repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(repo)}
+    # a crash prints where it happened (Python's stacks of every thread)
+    env = {**os.environ, "PYTHONPATH": str(repo), "PYTHONFAULTHANDLER": "1"}
     runs: list[tuple[str, list[str]]] = []
     for damage in ICECHUNK_DAMAGE:
         folder = tmp_path / damage.replace(" ", "-")
@@ -627,7 +628,7 @@ def test_no_command_over_a_damaged_icechunk_store_ends_in_a_signal_or_a_tracebac
         done = list(pool.map(run, [argv for _, argv in runs]))
     for (damage, argv), result in zip(runs, done, strict=True):
         output = result.stdout + result.stderr
-        where = f"{damage}: bertpipe {argv[3]}: exit {result.returncode}: {output[-1500:]}"
+        where = f"{damage}: bertpipe {argv[3]}: exit {result.returncode}: {output[-6000:]}"
         assert result.returncode == 5, where  # not a signal (negative), not 134 (abort)
         assert "Traceback" not in output and "panicked" not in output, where
         assert len([line for line in output.splitlines() if line.startswith("error:")]) == 1
