@@ -775,46 +775,5 @@ def attention(job_file: str, overrides: tuple[str, ...], row_id: str | None, chu
     click.echo(f"wrote {paths['html']}, {paths['npz']}")
 
 
-def program() -> None:
-    """The `bertpipe` program: `main`, then out without tearing the interpreter down.
-
-    Why: the Rust extensions the versioned formats use (Icechunk, deltalake) keep runtime
-    threads and objects whose destructors run while the interpreter finalizes, and one of
-    them can abort a process that has already printed its answer (SIGABRT after a clean exit
-    5 was seen under load). Once the command is done, the exit handlers run (logging, the
-    stores' own), the other threads are joined and output flushed, as a normal exit does;
-    only the teardown of modules and objects is skipped."""
-    try:
-        main()
-    except SystemExit as exc:
-        code = _exit_code(exc.code)
-    else:
-        code = 0
-    _finish(code)
-
-
-def _exit_code(code: object) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)  # as the interpreter reports a message given to exit
-    return 1
-
-
-def _finish(code: int) -> None:
-    import atexit
-    import threading
-
-    for thread in threading.enumerate():  # what the interpreter waits for before it exits
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    program()
+    main()

@@ -81,14 +81,14 @@ BRANCH = "main"
 # update append rows and rewrite only the chunks that changed. Copy-on-write is per chunk,
 # so a changed row costs its whole chunk: with changes at random rows, a share f of rows
 # changed rewrites about 1 - exp(-f * rows) of the chunks (f = 0.1%: 22% at 256 rows, 64% at
-# 1,024; measured in docs/results.md). 256 rows of a 384-wide float32 view are 393 KB
+# 1,024). 256 rows of a 384-wide float32 view are 393 KB
 # before compression, still a sensible object-store request; readers see blocks of
 # ROWS_PER_CHUNK rows (zarr_store._lazy), not one task per chunk.
 ICECHUNK_ROWS_PER_CHUNK = 256
 # A flat array (ids, digests, counts, flags, carried values: one value a row) has this many
-# times as many rows per chunk: at 256 rows its chunks are 256 bytes to 16 KB, and reading
-# one costs zarr about 0.3 ms whatever its size (1.1-1.3 s to read one such array whole at a
-# million rows: 3,907 chunks; an update reads seven). Its chunks are small whatever edits
+# times as many rows per chunk: at 256 rows its chunks are 256 bytes to 16 KB, and zarr's
+# cost per chunk read does not shrink with the chunk, so reading such an array whole (an
+# update reads seven) would cost thousands of tiny reads at a million rows. Its chunks are small whatever edits
 # rewrite: a million rows of `present` compress to kilobytes. Stores made with flat arrays
 # of 256 rows a chunk keep them (the factor divides every writer's block).
 ICECHUNK_FLAT_FACTOR = 32
@@ -533,8 +533,8 @@ class IcechunkFormat(ZarrFormat):
 
     def whole_by_total(self, recorded: Mapping[str, FileSum]) -> set[str]:
         """The files of each array whose sizes, as Icechunk's manifests give them, add up
-        to what was recorded (one call per array: a call per key took 9 s for the 74,136
-        keys of a million rows, this 0.4 s). A missing or truncated chunk changes its
+        to what was recorded (one call per array, not one per key: a store holds as many
+        keys as chunks). A missing or truncated chunk changes its
         array's total, whose files are then looked up one by one, so the damaged one is
         named, as is an array that is gone; a group's metadata is always looked up (its total
         counts its arrays'). Two changes that cancel within one array pass this check; each
@@ -657,8 +657,7 @@ def _author(info: icechunk.SnapshotInfo) -> str:
 def _session_keys(session: icechunk.Session) -> list[str]:
     """Every key of a session's snapshot: each group's and array's metadata and each
     written chunk, from Icechunk's chunk coordinates in batches (its store's `list()` hands
-    keys to Python one at a time: 12 s for the 75,769 keys of a million-row store, this
-    0.2 s)."""
+    keys to Python one at a time, which grows with the chunks of the store)."""
     root = zarr.open_group(session.store, mode="r", use_consolidated=False)
     keys = ["zarr.json"]
     arrays: list[tuple[str, Any]] = []
@@ -810,8 +809,8 @@ def _write_changed(array: Any, offset: int, values: np.ndarray,
     For a column with `left` given that is known without reading: a chunk `left` marks
     whole is equal by construction (skipped), any other holds a row whose value is new,
     moved or changed (written). Any other column is compared with what is stored. Chunks
-    are read, then written, each set in one call into zarr's loop, concurrently (one call
-    per chunk cost 1.3 ms each in hand-offs: 17 of an update's 43 seconds at 100k rows)."""
+    are read, then written, each set in one call into zarr's loop, concurrently (a call per
+    chunk would pay a hand-off between threads for every chunk)."""
     rows = array.chunks[0]
     starts = range(0, len(values), rows)
 
@@ -852,9 +851,8 @@ T = TypeVar("T")
 
 
 def _each_key(ask: Callable[[K], Awaitable[T]], rels: Iterable[K]) -> dict[K, T]:
-    """`ask` of every key in one call into zarr's event loop (one hand-off to it per key
-    costs about 1 ms, more than Icechunk's own lookup: 10 s for 10,000 chunk keys), at most
-    KEYS_IN_FLIGHT at a time."""
+    """`ask` of every key in one call into zarr's event loop (a hand-off to it per key
+    costs more than Icechunk's own lookup), at most KEYS_IN_FLIGHT at a time."""
     keys = list(rels)
     if not keys:
         return {}
