@@ -89,8 +89,9 @@ ICECHUNK_ROWS_PER_CHUNK = 256
 # times as many rows per chunk: at 256 rows its chunks are 256 bytes to 16 KB, and zarr's
 # cost per chunk read does not shrink with the chunk, so reading such an array whole (an
 # update reads seven) would cost thousands of tiny reads at a million rows. Its chunks are
-# small whatever edits rewrite: a million rows of `present` compress to kilobytes. Stores made with flat arrays
-# of 256 rows a chunk keep them (the factor divides every writer's block).
+# small whatever edits rewrite: a million rows of `present` compress to kilobytes. Stores
+# made with flat arrays of 256 rows a chunk keep them (the factor divides every writer's
+# block).
 ICECHUNK_FLAT_FACTOR = 32
 # `gc` deletes objects no snapshot refers to once they are this old: chunks a run killed or
 # fenced off wrote and never committed. Younger ones are left: another process's session
