@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 
+import pytest
+
 from pipeline.stores import REGISTRY, formats
 from pipeline.stores.base import StoreFormat
 from tests.conftest import REPO
@@ -36,3 +38,28 @@ def test_every_format_says_what_the_rest_of_the_code_asks() -> None:
         assert fmt.url_schemes is None or all("://" not in s for s in fmt.url_schemes)
     growing = [name for name, fmt in formats().items() if not fmt.cannot_grow]
     assert growing and "zarr" not in growing
+
+
+def test_s3_access_is_read_once_from_the_options_else_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One reading of where an s3:// store is and how to reach it, which the Delta format's
+    options are made from (as the Icechunk format's storage is)."""
+    from pipeline.io.location import S3Access, resolve
+    from pipeline.stores.delta_store import storage_options_of
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    plain = resolve("s3://bucket/team/store.delta/")
+    access = S3Access.of(plain)
+    assert (access.bucket, access.prefix, access.endpoint, access.region, access.key) == \
+        ("bucket", "team/store.delta", "http://127.0.0.1:9", "eu-west-3", None)
+    assert access.plain_http
+    given = resolve("s3://bucket/x.delta", {"key": "k", "secret": "s", "client_kwargs": {
+        "endpoint_url": "https://s3.example", "region_name": "ap-south-1"}})
+    options = storage_options_of(given)
+    assert options is not None
+    assert (options["AWS_ENDPOINT_URL"], options["AWS_REGION"], options["AWS_ACCESS_KEY_ID"],
+            options["AWS_SECRET_ACCESS_KEY"]) == ("https://s3.example", "ap-south-1", "k", "s")
+    assert "AWS_ALLOW_HTTP" not in options
+    with pytest.raises(ValueError):
+        S3Access.of(resolve("memory://bucket/x"))

@@ -357,6 +357,41 @@ class Location:
             self.fs.copy(f"{self.path.rstrip('/')}/{rel}", f"{target.path.rstrip('/')}/{rel}")
 
 
+@dataclass(frozen=True)
+class S3Access:
+    """Where an s3:// location is and the credentials that reach it, found as s3fs finds
+    them (the location's storage options, else the AWS variables botocore reads): one
+    reading, which each library's own form is made from (Icechunk's storage, deltalake's
+    options), so the two formats on object storage cannot reach it differently."""
+
+    bucket: str
+    prefix: str
+    endpoint: str | None
+    region: str
+    key: str | None
+    secret: str | None
+    token: str | None
+
+    @classmethod
+    def of(cls, location: Location) -> S3Access:
+        if not location.url.startswith("s3://"):
+            raise ValueError(f"{location.url} is not an s3:// URL")
+        bucket, _, prefix = location.url[len("s3://"):].partition("/")
+        options = location.options
+        client = options.get("client_kwargs") or {}
+        endpoint = options.get("endpoint_url") or client.get("endpoint_url") or \
+            os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        region = client.get("region_name") or os.environ.get("AWS_REGION") or \
+            os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        return cls(bucket, prefix.rstrip("/"), endpoint, region, options.get("key"),
+                   options.get("secret"), options.get("token"))
+
+    @property
+    def plain_http(self) -> bool:
+        """An endpoint on plain HTTP (a server on loopback, an on-premises store)."""
+        return bool(self.endpoint and self.endpoint.startswith("http://"))
+
+
 def _create_local(path: Path, data: bytes) -> bool:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
     tmp.write_bytes(data)

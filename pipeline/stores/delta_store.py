@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -63,7 +62,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
 from ..errors import StoreError
-from ..io.location import Location, resolve
+from ..io.location import Location, S3Access, resolve
 from .base import (
     ForeignCommit,
     StagedLevel,
@@ -142,21 +141,15 @@ def storage_options_of(store: Location) -> dict[str, str] | None:
     credentials as s3fs finds them (the storage options, else the AWS variables)."""
     if store.local:
         return None
-    if not store.url.startswith("s3://"):
-        raise StoreError(f"output.path: {store.url}: the delta format is written to a local "
-                         "folder or an s3:// URL")
-    options = store.options
-    client = options.get("client_kwargs") or {}
-    endpoint = options.get("endpoint_url") or client.get("endpoint_url") or \
-        os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    DeltaFormat.check_location(store)
+    s3 = S3Access.of(store)
     found = {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": options.get("key"),
-        "AWS_SECRET_ACCESS_KEY": options.get("secret"),
-        "AWS_SESSION_TOKEN": options.get("token"),
-        "AWS_REGION": client.get("region_name") or os.environ.get("AWS_REGION")
-        or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
-        "AWS_ALLOW_HTTP": "true" if endpoint and endpoint.startswith("http://") else None,
+        "AWS_ENDPOINT_URL": s3.endpoint,
+        "AWS_ACCESS_KEY_ID": s3.key,
+        "AWS_SECRET_ACCESS_KEY": s3.secret,
+        "AWS_SESSION_TOKEN": s3.token,
+        "AWS_REGION": s3.region,
+        "AWS_ALLOW_HTTP": "true" if s3.plain_http else None,
         # why: S3 has no atomic rename-if-absent for the log; bertpipe's lease lock lets one
         # writer commit at a time (stores/lock.py), which is what a locking provider gives
         "AWS_S3_ALLOW_UNSAFE_RENAME": "true",

@@ -52,7 +52,7 @@ from zarr.core.sync import sync
 from zarr.storage import WrapperStore
 
 from ..errors import StoreError
-from ..io.location import Location, resolve
+from ..io.location import Location, S3Access, resolve
 from .base import ForeignCommit, StreamedVersion, describe_foreign
 from .columns import MISSING_ATTRIBUTE, StoredColumns
 from .icechunk_files import RepoFile, chunk_files, damage_error, sizes_in
@@ -118,23 +118,13 @@ def storage_of(store: Location) -> icechunk.Storage:
     location = store.child(REPOSITORY)
     if location.local:
         return icechunk.local_filesystem_storage(location.path)
-    if not location.url.startswith("s3://"):
-        raise StoreError(f"output.path: {location.url}: the icechunk format is written to a "
-                         "local folder or an s3:// URL")
-    bucket, _, prefix = location.url[len("s3://"):].partition("/")
-    options = location.options
-    # as s3fs finds it: the storage options, else the AWS variables botocore reads
-    endpoint = options.get("endpoint_url") or \
-        (options.get("client_kwargs") or {}).get("endpoint_url") or \
-        os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    key, secret = options.get("key"), options.get("secret")
+    IcechunkFormat.check_location(store)
+    s3 = S3Access.of(location)
     return icechunk.s3_storage(
-        bucket=bucket, prefix=prefix.rstrip("/"), endpoint_url=endpoint,
-        region=(options.get("client_kwargs") or {}).get("region_name")
-        or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
-        allow_http=bool(endpoint and endpoint.startswith("http://")),
-        force_path_style=bool(endpoint), access_key_id=key, secret_access_key=secret,
-        session_token=options.get("token"), from_env=None if key else True)
+        bucket=s3.bucket, prefix=s3.prefix, endpoint_url=s3.endpoint, region=s3.region,
+        allow_http=s3.plain_http, force_path_style=bool(s3.endpoint),
+        access_key_id=s3.key, secret_access_key=s3.secret, session_token=s3.token,
+        from_env=None if s3.key else True)
 
 
 def is_repository(store: Location) -> bool:
