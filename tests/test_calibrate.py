@@ -389,3 +389,44 @@ def test_recorded_versions_are_those_the_libraries_report_when_imported() -> Non
     openvino = pytest.importorskip("openvino")
     assert with_openvino["openvino"] == openvino.get_version().split("-")[0]
     assert installed_versions(("no-such-package-bertpipe",)) == {"no-such-package-bertpipe": ""}
+
+
+def test_a_resume_encodes_with_the_runtime_its_run_began_with(
+        tmp_path: Path, tiny_bert: Path, small_texts: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime a run began with is kept in its staging area; the run that resumes it
+    (a retry on a fresh node, whose cache is empty or another CPU's) encodes the rest with
+    it and decides nothing, so a store never mixes runtimes."""
+    from pipeline.run import runner
+    from pipeline.stores.provenance import RuntimeChoice
+
+    out = tmp_path / "o.zarr"
+    job = Job.from_dict(job_dict(small_texts, tiny_bert, out, execution={
+        "scheduler": "synchronous", "partition_rows": 2}))
+
+    class Stop(Exception):
+        pass
+
+    def stop(part: object, marker: object) -> None:
+        raise Stop  # the run dies once its first partition is done
+
+    with pytest.raises(Stop):
+        runner.run_job(job, on_done=stop)
+    run_file = out / "_bertpipe" / "run.json"
+    run = json.loads(run_file.read_text())
+    assert (run["runtime_choice"]["runtime"], run["runtime_choice"]["dtype"]) == \
+        ("torch", "float32")
+    # as a calibration on the first node recorded it (a decision on this one would say "job")
+    run["runtime_choice"]["by"] = "calibration"
+    run_file.write_text(json.dumps(run))
+
+    def decided_again(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the resume decided its runtime again")
+
+    monkeypatch.setattr(runner, "decide_runtime", decided_again)
+    said: list[str] = []
+    runner.run_job(job, say=said.append)
+    assert "resuming with the runtime the run began with: torch float32" in said
+    recorded = pipeline.open_store(out).provenance.runtime_choice
+    assert recorded == RuntimeChoice.from_dict(run["runtime_choice"])
+    assert recorded is not None and recorded.by == "calibration"

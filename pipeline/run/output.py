@@ -28,7 +28,13 @@ from ..spec import Job
 from ..stores import Staging, store_at
 from ..stores.lock import StoreLock
 from ..stores.ownership import Contents, inspect_output, remove_store
-from ..stores.provenance import InputFile, fingerprint_of, input_change, input_identity_of
+from ..stores.provenance import (
+    InputFile,
+    RuntimeChoice,
+    fingerprint_of,
+    input_change,
+    input_identity_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -299,9 +305,11 @@ class OutputSession:
             return False
         return True
 
-    def prepare(self, job: Job, plan: Plan, overwrite: bool) -> Staging | None:
+    def prepare(self, job: Job, plan: Plan, overwrite: bool,
+                choice: RuntimeChoice | None = None) -> Staging | None:
         """Staging for this run (a new, replaced or resumed store), or None when the store is
-        already complete for this job and input."""
+        already complete for this job and input. `choice`, the runtime the run encodes
+        with, is recorded for a resume to encode with too."""
         action, contents = assess(job, plan, overwrite)
         staging = Staging(self.location, fence=self.lock.fence())
         if action == "complete":
@@ -321,7 +329,8 @@ class OutputSession:
                 {"complete": False, "run_fingerprint": plan.fingerprint})
         staging.begin({"run_fingerprint": plan.fingerprint, "job": job.to_dict(),
                        "partition_rows": plan.partition_rows,
-                       "input_identity": [asdict(f) for f in plan.identity]})
+                       "input_identity": [asdict(f) for f in plan.identity],
+                       "runtime_choice": asdict(choice) if choice else None})
         return staging
 
     def _remove_made_dirs(self) -> None:
