@@ -13,7 +13,8 @@ from pipeline.spec import Job, load_job
 from tests.conftest import REPO, job_dict, write_job
 
 
-def test_shipped_jobs_validate(minilm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shipped_jobs_validate(minilm: Path, monkeypatch: pytest.MonkeyPatch,
+                               tmp_path: Path) -> None:
     monkeypatch.chdir(REPO)  # the jobs' relative paths are relative to the repository
     for path in sorted((REPO / "jobs").glob("*.yaml")):
         result = CliRunner().invoke(main, ["validate", str(path), "--schema-only"])
@@ -24,8 +25,11 @@ def test_shipped_jobs_validate(minilm: Path, monkeypatch: pytest.MonkeyPatch) ->
             continue  # checked against an S3 endpoint in test_object_store
         # the full check reads the model's config and the input's footers (the model from
         # its package, wherever `make model` has not copied it to models/)
+        # into a fresh output: validate checks the store there too, and out/ may hold the
+        # demo's store, made with the model from models/
         result = CliRunner().invoke(main, ["validate", str(path), "--set",
-                                           f"model.path={minilm}"])
+                                           f"model.path={minilm}", "--set",
+                                           f"output.path={tmp_path / path.stem}"])
         assert result.exit_code == 0, (path, result.output)
         assert "checked model bert (6 layers, hidden 384); input 1 file, 600 rows" \
             in result.stdout, result.stdout
