@@ -634,6 +634,17 @@ ROWS = [
         "input.carry_columns", ["present"]))), 2, "'present' is a field the store writes"),
     Row("extract --prune without --incremental", _cli("extract", _job(), "--prune"), 2,
         "--prune"),
+    # validate takes extract's options, so a scheduled command can be checked as it will run
+    Row("validate --prune without --incremental", _cli("validate", _job(), "--prune"), 2,
+        "Invalid value for '--prune': only with --incremental"),
+    Row("validate --scheduler not an address", _cli("validate", _job(), "--scheduler",
+                                                    "somewhere"), 2,
+        "execution.scheduler: 'somewhere' is not local, synchronous or a scheduler address"),
+    Row("validate --incremental into a zarr store", _cli("validate", _job(), "--incremental"),
+        2, "output.incremental: a zarr store is written once"),
+    Row("validate --incremental with --overwrite", _cli("validate", _job(_set(
+        "output.format", "parquet")), "--incremental", "--overwrite"), 2,
+        "output.incremental: an incremental run adds to the store, --overwrite replaces it"),
     Row("extract --json-summary a folder", _cli("extract", _job(), "--json-summary",
                                                 lambda w: str(w.tmp)), 2, "is a directory"),
     Row("probe --curve-repeats not a number", _cli("probe", ZARR, "--label", "label",

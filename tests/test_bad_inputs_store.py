@@ -1338,3 +1338,26 @@ def test_a_port_that_greets_otherwise_is_no_scheduler(tmp_path: Path, tiny_bert:
                                       "scheduler (it answered b'SSH-2.0-OpenSSH_'); check the "
                                       "host and port")
     assert not (tmp_path / "o.zarr").exists()
+
+
+def test_a_rerun_of_a_complete_store_verifies_it_once(
+        tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checks verify a complete store before the run says "already complete"; the run
+    takes their answer, not a second read of every checksum."""
+    from pipeline.stores import verify
+
+    w = World(tmp_path, tiny_bert, monkeypatch)
+    w.write_input()
+    job = w.job(tmp_path / "o.zarr")
+    assert run("extract", job).exit_code == 0
+    calls: list[str] = []
+    real = verify.verify_store
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(str(args[0]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(verify, "verify_store", counted)
+    again = run("extract", job)
+    assert again.exit_code == 0 and "already complete" in again.stdout, again.output
+    assert len(calls) == 1, calls

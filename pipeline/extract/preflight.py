@@ -101,7 +101,7 @@ def preflight(job: Job) -> Plan:
     check_weights(job.model)
     # the model runs here on the synchronous and local schedulers; a remote cluster's
     # workers have their own devices and runtimes (checked where they load it)
-    check_runtime(job.model, config, here=job.execution.scheduler in ("synchronous", "local"))
+    check_runtime(job.model, config, here=model_runs_here(job))
     tokenizer = load_tokenizer(job.model)
     try:
         specials = Specials.from_tokenizer(tokenizer)
@@ -121,6 +121,12 @@ def preflight(job: Job) -> Plan:
     check_unique_ids(job.input, scan, job.output.incremental)
     return Plan(job, config.model_type, n_layers, hidden, positions,
                 budget, {v.name: v.width for v in views}, scan, partitions)
+
+
+def model_runs_here(job: Job) -> bool:
+    """The model runs in this process's machine (the synchronous and local schedulers); a
+    remote cluster's workers have their own devices and runtimes."""
+    return job.execution.scheduler in ("synchronous", "local")
 
 
 def _check_post(views: list[ViewShape]) -> None:

@@ -26,11 +26,12 @@ there, when they load it: `Ready.left_to_workers` names what was left.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import JobError, StoreError
+from ..extract.preflight import model_runs_here
 from ..io.location import check_reachable, is_url, register_options, resolve, storage_errors
 from ..spec import Job, check_incremental
 from ..stores.lock import StoreLock
@@ -40,8 +41,6 @@ from .output import Plan, assess, check_output_location
 
 if TYPE_CHECKING:  # the run's context imports the executors: loaded when a check needs it
     from .context import RunContext
-
-LOCAL_SCHEDULERS = ("synchronous", "local")
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,6 @@ class Ready:
     action: str = ""
     store: tuple[str, Provenance] | None = None  # the complete store an update builds on
     left_to_workers: tuple[str, ...] = ()
-    passed: list[str] = field(default_factory=list)
 
     @property
     def context(self) -> RunContext:
@@ -120,7 +118,7 @@ def check_job(asked: Asked, ready: Ready) -> None:
     from .context import RunContext  # why here: it imports the executors (Dask)
 
     ready.ctx = RunContext.of(ready.job)
-    if ready.job.execution.scheduler not in LOCAL_SCHEDULERS:
+    if not model_runs_here(ready.job):
         ready.left_to_workers = ("model.device", "model.runtime")
 
 
@@ -166,14 +164,8 @@ def check_runtime_cache(asked: Asked, ready: Ready) -> None:
     check_cache(job, ctx.model["weights_sha256"])
 
 
-CHECKS: tuple[tuple[str, Check], ...] = (
-    ("options", check_options),
-    ("job", check_job),
-    ("output", check_output),
-    ("lock", check_lock),
-    ("store", check_store),
-    ("runtime", check_runtime_cache),
-)
+CHECKS: tuple[Check, ...] = (check_options, check_job, check_output, check_lock, check_store,
+                             check_runtime_cache)
 
 
 def before_writing(asked: Asked) -> Ready:
@@ -183,9 +175,8 @@ def before_writing(asked: Asked) -> Ready:
     ready = Ready(asked.job)
     register_options(asked.job.output.path, asked.job.output.storage_options)
     with storage_errors(asked.job.output.path, "output.path", StoreError):
-        for name, check in CHECKS:
+        for check in CHECKS:
             check(asked, ready)
-            ready.passed.append(name)
     return ready
 
 

@@ -70,7 +70,7 @@ def decide_runtime(ctx: RunContext, force: bool = False,
                    say: Callable[[str], None] = log.info) -> RuntimeChoice | None:
     """The runtime and dtype this run's workers use (extract/calibrate.py): decided once,
     here on the client, so every worker runs the same and a store never mixes them. `say`:
-    what a measurement does and how long it takes (a first run spent ~47 s silent there)."""
+    what a measurement does and how long it takes (so a first run is not silent there)."""
     from ..extract.calibrate import decide  # why here: dry runs and validate never measure
 
     return decide(ctx.job, ctx.model["weights_sha256"], lambda: sample_texts(ctx), force,

@@ -137,9 +137,6 @@ def _complete_store(job: Job, say: Callable[[str], None]) -> tuple[str, Provenan
     raw = fmt.record()
     if raw is None or contents.state != "store" or not is_complete(raw) or not raw.get("job"):
         return None  # the full run refuses, resumes or replaces it by its own rules
-    # before the store is opened (an Icechunk branch's head is another writer's snapshot)
-    # and anything encoded; the format checks again under the lock before it writes
-    fmt.refuse_foreign_commits()
     opened = store_name(path)
     return opened, Provenance.from_dict(raw, opened)
 

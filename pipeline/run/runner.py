@@ -82,14 +82,17 @@ def _run_job(job: Job, executor: Executor | None, on_done: OnDone | None, overwr
         updated = run_incremental(ctx, executor, on_done, on_plan, prune, say, summary)
         if updated is not None:
             return updated
-    return full_run(ctx, executor, on_done, overwrite, on_plan, summary, say)
+    # what the checks found the store allows: a complete one was verified there, once
+    found = ready.action if ready.store is None else None
+    return full_run(ctx, executor, on_done, overwrite, on_plan, summary, say, found)
 
 
 def full_run(ctx: RunContext, executor: Executor | None, on_done: OnDone | None = None,
              overwrite: bool = False, on_plan: OnPlan | None = None,
-             summary: RunSummary | None = None, say: Callable[[str], None] = log.info
-             ) -> RunSummary:
-    """A run over the whole input into a new, replaced or resumed store."""
+             summary: RunSummary | None = None, say: Callable[[str], None] = log.info,
+             action: str | None = None) -> RunSummary:
+    """A run over the whole input into a new, replaced or resumed store. `action`: what
+    the checks found the store allows (`output.assess`), when they have just asked."""
     job, parts = ctx.job, ctx.parts
     plan = Plan(ctx.fingerprint, ctx.identity, job.execution.partition_rows)
     overwrite = overwrite or job.output.overwrite
@@ -98,7 +101,7 @@ def full_run(ctx: RunContext, executor: Executor | None, on_done: OnDone | None 
     summary = summary or RunSummary(job.output.path)
     summary.partitions = len(parts)
     # refuse early, before the folder or lock is made; a complete store is only read
-    action = assess(job, plan, overwrite)[0]
+    action = action or assess(job, plan, overwrite)[0]
     if action == "complete":
         summary.already_complete = True
         return summary
