@@ -430,3 +430,34 @@ def test_a_resume_encodes_with_the_runtime_its_run_began_with(
     recorded = pipeline.open_store(out).provenance.runtime_choice
     assert recorded == RuntimeChoice.from_dict(run["runtime_choice"])
     assert recorded is not None and recorded.by == "calibration"
+
+
+def test_a_resume_whose_recorded_runtime_cannot_run_here_is_refused(
+        tmp_path: Path, tiny_bert: Path, small_texts: Path) -> None:
+    """A recorded runtime this machine does not offer (or a record of the wrong types) is
+    refused, nothing changed: finishing the parts with another would mix runtimes."""
+    from pipeline.errors import StoreError
+    from pipeline.run import runner
+
+    out = tmp_path / "o.zarr"
+    job = Job.from_dict(job_dict(small_texts, tiny_bert, out, execution={
+        "scheduler": "synchronous", "partition_rows": 2}))
+
+    class Stop(Exception):
+        pass
+
+    def stop(part: object, marker: object) -> None:
+        raise Stop
+
+    with pytest.raises(Stop):
+        runner.run_job(job, on_done=stop)
+    run_file = out / "_bertpipe" / "run.json"
+    run = json.loads(run_file.read_text())
+    for recorded in ({**run["runtime_choice"], "dtype": "int4"},
+                     {**run["runtime_choice"], "table": [{"runtime": "torch", "dtype": 1}]}):
+        run_file.write_text(json.dumps({**run, "runtime_choice": recorded}))
+        before = sorted(p.name for p in (out / "_bertpipe" / "parts").iterdir())
+        with pytest.raises(StoreError, match="the interrupted run recorded the runtime it "
+                           "encodes with, and it cannot be used here"):
+            runner.run_job(job)
+        assert sorted(p.name for p in (out / "_bertpipe" / "parts").iterdir()) == before

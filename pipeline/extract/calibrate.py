@@ -227,6 +227,26 @@ def checked_choice(choice: Any, offered: Sequence[tuple[str, str]]) -> RuntimeCh
     return RuntimeChoice(str(picked[0]), str(picked[1]), "cache", table)
 
 
+# why each kind of decision was made (`RuntimeChoice.by`)
+DECIDED_BY = ("job", "calibration", "cache")
+
+
+def checked_recorded(raw: Any, offered: Sequence[tuple[str, str]]) -> RuntimeChoice:
+    """A decision a run recorded for its resume (`_bertpipe/run.json`), checked as a cached
+    one is: one of the candidates offered here, every table row of its types; else a
+    ValueError saying what is wrong (it is then decided again, never recorded as read)."""
+    if not isinstance(raw, dict) or raw.get("by") not in DECIDED_BY:
+        raise ValueError("no decision with a known reason")
+    picked = (raw.get("runtime"), raw.get("dtype"))
+    if picked not in offered:
+        raise ValueError(f"{picked[0]!r} {picked[1]!r} is not a candidate here")
+    table = raw.get("table") or []
+    if not isinstance(table, list):
+        raise ValueError("its table is not a list")
+    return RuntimeChoice(str(picked[0]), str(picked[1]), str(raw["by"]),
+                         tuple(checked_row(row, i) for i, row in enumerate(table)))
+
+
 def checked_row(row: Any, index: int) -> CandidateRow:
     if not isinstance(row, dict):
         raise ValueError(f"table row {index} is not an object")

@@ -32,11 +32,19 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import JobError, StoreError
 from ..extract.preflight import model_runs_here
-from ..io.location import check_reachable, is_url, register_options, resolve, storage_errors
+from ..io.location import (
+    Location,
+    check_reachable,
+    is_url,
+    register_options,
+    resolve,
+    storage_errors,
+)
 from ..spec import Job, check_incremental
 from ..stores.lock import StoreLock
 from ..stores.ownership import inspect_output
-from ..stores.provenance import Provenance, is_complete
+from ..stores.provenance import Provenance, RuntimeChoice, is_complete
+from ..stores.staging import Staging
 from .output import Plan, assess, check_output_location
 
 if TYPE_CHECKING:  # the run's context imports the executors: loaded when a check needs it
@@ -91,6 +99,27 @@ def check_options(asked: Asked, ready: Ready) -> None:
         check_format_grows(ready.job)
     elif asked.prune:
         raise JobError("--prune: only with --incremental (or output.incremental: true)")
+
+
+def resumed_choice(location: Location, ctx: RunContext) -> RuntimeChoice | None:
+    """The runtime and dtype the interrupted run of this job began with, as it recorded
+    them in its staging area, checked as a cached decision is (None when it recorded none,
+    as an earlier bertpipe's run did). One that cannot run here is refused: the parts
+    already written must not be finished with another runtime."""
+    from ..extract.calibrate import candidates, checked_recorded  # why here: runtimes' table
+    from ..extract.modelfiles import load_config
+
+    info = Staging(location).run_info() or {}
+    if info.get("run_fingerprint") != ctx.fingerprint or info.get("runtime_choice") is None:
+        return None
+    try:
+        return checked_recorded(info["runtime_choice"],
+                                candidates(ctx.job, load_config(ctx.job.model)))
+    except ValueError as exc:
+        raise StoreError(f"output.path: {location}: the interrupted run recorded the "
+                         f"runtime it encodes with, and it cannot be used here ({exc}); its "
+                         "parts must not be finished with another: resume where it runs, or "
+                         "start again with --overwrite") from None
 
 
 def check_format_grows(job: Job) -> None:
@@ -154,9 +183,13 @@ def check_store(asked: Asked, ready: Ready) -> None:
 
 def check_runtime_cache(asked: Asked, ready: Ready) -> None:
     """A run that will measure its runtime must be able to keep the decision (the store
-    keeps what the cache cannot: refused before anything is made)."""
+    keeps what the cache cannot: refused before anything is made); a resume encodes with the
+    runtime its run began with, which must run here."""
     if ready.action in ("complete", "current"):
         return  # nothing will be encoded
+    if ready.action == "resume" and \
+            resumed_choice(resolve(ready.job.output.path), ready.context) is not None:
+        return
     from ..extract.calibrate import check_cache  # why here: it imports the runtimes' table
 
     ctx = ready.context

@@ -26,7 +26,7 @@ from ..spec import Job
 from ..stores import Layout, Staging, store_at
 from ..stores.markers import MarkerTotals
 from ..stores.provenance import InputFile, RunRecord, RuntimeChoice
-from .checks import Asked, before_writing
+from .checks import Asked, before_writing, resumed_choice
 from .context import (
     PartitionWork,
     RunContext,
@@ -108,8 +108,10 @@ def full_run(ctx: RunContext, executor: Executor | None, on_done: OnDone | None 
     # a resume encodes as the run it finishes did (its parts must not mix runtimes, and a
     # retry on a fresh node must not measure again); else measured (or read from the cache)
     # before anything is created: a cache that cannot be written is refused, store untouched
-    choice = (_begun_with(output, ctx, say) if action == "resume" else None) or \
-        decide_runtime(ctx, say=say)
+    begun = resumed_choice(output.location, ctx) if action == "resume" else None
+    if begun is not None:
+        say(f"resuming with the runtime the run began with: {begun.runtime} {begun.dtype}")
+    choice = begun or decide_runtime(ctx, say=say)
     executor = executor or executor_for(job, say)
     with executor, output:
         staging = output.prepare(job, plan, overwrite, choice)
@@ -135,22 +137,6 @@ def full_run(ctx: RunContext, executor: Executor | None, on_done: OnDone | None 
     summary.copied = this_run.copied
     summary.wall_s = ctx.elapsed()
     return summary
-
-
-def _begun_with(output: OutputSession, ctx: RunContext, say: Callable[[str], None]
-                ) -> RuntimeChoice | None:
-    """The runtime and dtype the interrupted run of this job began with, as it recorded
-    them in its staging area (None when it recorded none: an earlier bertpipe's run)."""
-    info = Staging(output.location).run_info() or {}
-    raw = info.get("runtime_choice")
-    if info.get("run_fingerprint") != ctx.fingerprint or not isinstance(raw, dict):
-        return None
-    try:
-        choice = RuntimeChoice.from_dict(raw)
-    except (KeyError, TypeError, ValueError):
-        return None  # damaged: decided again, as for a run that recorded none
-    say(f"resuming with the runtime the run began with: {choice.runtime} {choice.dtype}")
-    return choice
 
 
 def _partition_named(p: Partition) -> str:
